@@ -1,0 +1,52 @@
+# Chooses the GPU backend before project() enables languages.
+#
+# MORI_GPU_BACKEND=AUTO picks CUDA when an NVIDIA GPU is visible, HIP when an AMD GPU is, else HOST, and
+# says why. HIP builds compile every source with hipcc (Debian's CMake cannot find the HIP language
+# package in its multiarch layout), so the C++ compiler is switched here, before project().
+
+set(MORI_GPU_BACKEND "AUTO" CACHE STRING "GPU backend: AUTO, CUDA, HIP or HOST")
+set_property(CACHE MORI_GPU_BACKEND PROPERTY STRINGS AUTO CUDA HIP HOST)
+string(TOUPPER "${MORI_GPU_BACKEND}" _mori_backend)
+
+if(_mori_backend STREQUAL "AUTO")
+  set(_mori_reason "")
+  if(EXISTS "/dev/nvidiactl" OR EXISTS "/dev/nvidia0")
+    find_program(_mori_nvcc nvcc HINTS /usr/local/cuda/bin ENV CUDA_HOME PATH_SUFFIXES bin)
+    if(_mori_nvcc)
+      set(_mori_backend "CUDA")
+      set(_mori_reason "an NVIDIA GPU is visible (/dev/nvidia*) and nvcc is at ${_mori_nvcc}")
+    else()
+      set(_mori_reason "an NVIDIA GPU is visible but nvcc was not found")
+    endif()
+  endif()
+  if(NOT _mori_backend STREQUAL "CUDA" AND EXISTS "/dev/kfd")
+    find_program(_mori_hipcc hipcc HINTS /opt/rocm/bin ENV ROCM_PATH PATH_SUFFIXES bin)
+    if(_mori_hipcc)
+      set(_mori_backend "HIP")
+      set(_mori_reason "an AMD GPU is visible (/dev/kfd) and hipcc is at ${_mori_hipcc}")
+    endif()
+  endif()
+  if(_mori_backend STREQUAL "AUTO")
+    set(_mori_backend "HOST")
+    if(_mori_reason STREQUAL "")
+      set(_mori_reason "no GPU is visible (no /dev/nvidia*, no /dev/kfd)")
+    endif()
+  endif()
+  message(STATUS "mori: MORI_GPU_BACKEND=AUTO picked ${_mori_backend}: ${_mori_reason}")
+else()
+  message(STATUS "mori: MORI_GPU_BACKEND=${_mori_backend} (set explicitly)")
+endif()
+
+if(NOT _mori_backend MATCHES "^(CUDA|HIP|HOST)$")
+  message(FATAL_ERROR "mori: MORI_GPU_BACKEND must be AUTO, CUDA, HIP or HOST, not '${MORI_GPU_BACKEND}'")
+endif()
+set(MORI_BACKEND "${_mori_backend}" CACHE INTERNAL "resolved GPU backend")
+
+if(MORI_BACKEND STREQUAL "HIP" AND NOT CMAKE_CXX_COMPILER)
+  find_program(MORI_HIPCC hipcc HINTS /opt/rocm/bin ENV ROCM_PATH PATH_SUFFIXES bin REQUIRED)
+  set(CMAKE_CXX_COMPILER "${MORI_HIPCC}")
+endif()
+if(MORI_BACKEND STREQUAL "CUDA" AND NOT CMAKE_CUDA_COMPILER)
+  find_program(MORI_NVCC nvcc HINTS /usr/local/cuda/bin ENV CUDA_HOME PATH_SUFFIXES bin REQUIRED)
+  set(CMAKE_CUDA_COMPILER "${MORI_NVCC}")
+endif()

@@ -1,0 +1,56 @@
+// The one header that decides which backend is compiled and whether this pass compiles device code.
+// Everything else in mori asks these macros; nothing tests __CUDA_ARCH__ or __HIP_DEVICE_COMPILE__ itself.
+#pragma once
+
+#include "mori/core/config.hpp"
+
+#if MORI_BACKEND_CUDA + MORI_BACKEND_HIP + MORI_BACKEND_HOST != 1
+#error "mori/core/config.hpp must select exactly one backend"
+#endif
+
+#define MORI_BACKEND_GPU (MORI_BACKEND_CUDA || MORI_BACKEND_HIP)
+
+// 1 when this translation unit goes through the GPU compiler of the backend (nvcc or hipcc), so that
+// __device__ and <<<>>> exist. On HOST there is no GPU compiler and every device function is plain C++.
+#if (MORI_BACKEND_CUDA && defined(__CUDACC__)) || (MORI_BACKEND_HIP && defined(__HIPCC__))
+#define MORI_GPU_COMPILER 1
+#else
+#define MORI_GPU_COMPILER 0
+#endif
+
+// 1 in the device pass of a GPU compiler (the code that runs on the GPU), 0 in host passes and on HOST.
+#if MORI_GPU_COMPILER && (defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__))
+#define MORI_DEVICE_COMPILE 1
+#else
+#define MORI_DEVICE_COMPILE 0
+#endif
+
+// Device functions can be called from this translation unit: any TU on HOST, GPU-compiler TUs otherwise.
+#define MORI_DEVICE_API_AVAILABLE (MORI_GPU_COMPILER || MORI_BACKEND_HOST)
+
+#if MORI_GPU_COMPILER
+#define MORI_DEVICE __device__
+#define MORI_HOST_DEVICE __host__ __device__
+#define MORI_GLOBAL __global__
+#define MORI_DEVICE_INLINE __device__ __forceinline__
+#define MORI_HOST_DEVICE_INLINE __host__ __device__ __forceinline__
+#else
+#define MORI_DEVICE
+#define MORI_HOST_DEVICE
+#define MORI_GLOBAL
+#define MORI_DEVICE_INLINE inline
+#define MORI_HOST_DEVICE_INLINE inline
+#endif
+
+// Threads that execute in lockstep: a CUDA warp, an AMD wavefront (64 on the gfx9 family we build for),
+// and on HOST a single host thread.
+#if MORI_BACKEND_CUDA
+#define MORI_WARP_SIZE 32
+#elif MORI_BACKEND_HIP
+#define MORI_WARP_SIZE 64
+#else
+#define MORI_WARP_SIZE 1
+#endif
+
+#define MORI_STRINGIFY_IMPL(x) #x
+#define MORI_STRINGIFY(x) MORI_STRINGIFY_IMPL(x)

@@ -1,0 +1,92 @@
+// Failing loudly from device code: one assert macro for host and device, a trap, a wall clock, and a
+// bounded-spin helper so that no device-side wait can hang without saying who it was waiting for.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+
+#include "mori/core/device.hpp"
+
+#if MORI_BACKEND_HOST
+#include <chrono>
+
+#include "mori/core/kernel.hpp"
+#endif
+
+namespace mori {
+
+#if MORI_DEVICE_API_AVAILABLE
+
+// Ends the calling kernel with an error the host sees at its next synchronisation.
+[[noreturn]] MORI_DEVICE_INLINE void DeviceTrap() {
+#if MORI_BACKEND_CUDA
+  __trap();
+  __builtin_unreachable();
+#elif MORI_BACKEND_HIP
+  __builtin_trap();
+#else
+  throw host::KernelTrap{"device trap"};
+#endif
+}
+
+// Nanoseconds of a clock that all threads of one device share (CUDA %globaltimer; the 100 MHz
+// s_memrealtime counter of the gfx9 family; the host's steady clock on HOST).
+MORI_DEVICE_INLINE uint64_t DeviceWallClockNs() {
+#if MORI_BACKEND_CUDA
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return ns;
+#elif MORI_BACKEND_HIP
+  return __builtin_amdgcn_s_memrealtime() * 10ull;
+#else
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+#endif
+}
+
+// A deadline for a device-side polling loop. The clock is read every kCheckEvery polls only, so a poll
+// stays one load on the fast path.
+class SpinDeadline {
+ public:
+  static constexpr uint32_t kCheckEvery = 1024;
+
+  MORI_DEVICE_INLINE explicit SpinDeadline(uint64_t timeoutNs)
+      : end_(timeoutNs == 0 ? ~0ull : DeviceWallClockNs() + timeoutNs) {}
+
+  // True once the deadline has passed; call once per poll.
+  MORI_DEVICE_INLINE bool Expired() {
+#if MORI_BACKEND_HOST
+    // Host "GPU threads" yield on every poll, so each poll is already slow: check the clock every time.
+    return DeviceWallClockNs() > end_;
+#else
+    if (++polls_ % kCheckEvery != 0) return false;
+    return DeviceWallClockNs() > end_;
+#endif
+  }
+
+ private:
+  uint64_t end_;
+  uint32_t polls_ = 0;
+};
+
+#endif  // MORI_DEVICE_API_AVAILABLE
+
+}  // namespace mori
+
+#if MORI_BACKEND_HOST
+#define MORI_DEVICE_PRINTF(...) (std::fprintf(stderr, __VA_ARGS__), std::fflush(stderr))
+#else
+#define MORI_DEVICE_PRINTF(...) printf(__VA_ARGS__)
+#endif
+
+// Checks `cond` in device (or host) code; on failure prints the location, the condition and a printf-style
+// message (say which rank, peer, address or queue), then traps.
+#define MORI_DEVICE_ASSERT(cond, fmt, ...)                                                                \
+  do {                                                                                                    \
+    if (!(cond)) {                                                                                        \
+      MORI_DEVICE_PRINTF("[mori device] %s:%d: check `%s` failed: " fmt "\n", __FILE__, __LINE__, #cond, \
+                         ##__VA_ARGS__);                                                                  \
+      ::mori::DeviceTrap();                                                                               \
+    }                                                                                                     \
+  } while (0)

@@ -1,0 +1,144 @@
+// Kernels written once for every backend: thread and block indices, block barriers, dynamic shared memory
+// and a launcher. On HOST a kernel is a grid of host threads started on a stream's worker thread, so a
+// launch returns at once and the host goes on while the "GPU" runs, as it does with a real GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "mori/core/device.hpp"
+#include "mori/core/gpu.hpp"
+
+namespace mori {
+
+#if MORI_BACKEND_HOST
+
+struct Dim3 {
+  unsigned x, y, z;
+  constexpr Dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
+};
+
+namespace host {
+
+class BlockBarrier;
+
+// What a host thread knows of its place in a launch. Outside any launch a host thread is thread 0 of a
+// grid of one block of one thread, so device functions called from plain host code behave as one thread.
+struct ThreadContext {
+  Dim3 threadIdx{0, 0, 0};
+  Dim3 blockIdx{0, 0, 0};
+  Dim3 blockDim{1, 1, 1};
+  Dim3 gridDim{1, 1, 1};
+  BlockBarrier* barrier = nullptr;  // shared by the threads of one block
+  void* sharedMemory = nullptr;     // the block's dynamic shared memory
+  const bool* aborted = nullptr;    // set (atomically) once any thread of the launch has failed
+};
+
+ThreadContext& CurrentThread();
+void BlockSync();
+
+// Yields the core; inside a launch whose other thread has failed it ends this thread too, as a trap
+// ends a whole kernel on a GPU (so no thread polls forever for a peer that is gone).
+void SpinPause();
+
+// The largest launch the HOST backend accepts: every "GPU thread" is an OS thread.
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr unsigned kMaxThreadsPerLaunch = 4096;
+
+// Enqueues `body` to run once in each thread of a grid x block launch on `stream`. An invalid
+// configuration is reported by GpuGetLastError(); a thread that traps makes the next synchronisation of
+// the stream return kGpuErrorLaunchFailure.
+void Launch(Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream, std::function<void()> body);
+
+// Thrown by DeviceTrap() on HOST; the launcher catches it and fails the launch.
+struct KernelTrap {
+  const char* reason;
+};
+
+}  // namespace host
+
+#else
+
+using Dim3 = dim3;
+
+#endif
+
+#if MORI_DEVICE_API_AVAILABLE
+
+#if MORI_BACKEND_HOST
+MORI_DEVICE_INLINE unsigned ThreadIdxX() { return host::CurrentThread().threadIdx.x; }
+MORI_DEVICE_INLINE unsigned ThreadIdxY() { return host::CurrentThread().threadIdx.y; }
+MORI_DEVICE_INLINE unsigned ThreadIdxZ() { return host::CurrentThread().threadIdx.z; }
+MORI_DEVICE_INLINE unsigned BlockIdxX() { return host::CurrentThread().blockIdx.x; }
+MORI_DEVICE_INLINE unsigned BlockIdxY() { return host::CurrentThread().blockIdx.y; }
+MORI_DEVICE_INLINE unsigned BlockIdxZ() { return host::CurrentThread().blockIdx.z; }
+MORI_DEVICE_INLINE unsigned BlockDimX() { return host::CurrentThread().blockDim.x; }
+MORI_DEVICE_INLINE unsigned BlockDimY() { return host::CurrentThread().blockDim.y; }
+MORI_DEVICE_INLINE unsigned BlockDimZ() { return host::CurrentThread().blockDim.z; }
+MORI_DEVICE_INLINE unsigned GridDimX() { return host::CurrentThread().gridDim.x; }
+MORI_DEVICE_INLINE unsigned GridDimY() { return host::CurrentThread().gridDim.y; }
+MORI_DEVICE_INLINE unsigned GridDimZ() { return host::CurrentThread().gridDim.z; }
+MORI_DEVICE_INLINE void SyncThreads() { host::BlockSync(); }
+MORI_DEVICE_INLINE void SpinPause() { host::SpinPause(); }
+template <typename T>
+MORI_DEVICE_INLINE T* DynamicSharedMemory() {
+  return static_cast<T*>(host::CurrentThread().sharedMemory);
+}
+#else
+MORI_DEVICE_INLINE unsigned ThreadIdxX() { return threadIdx.x; }
+MORI_DEVICE_INLINE unsigned ThreadIdxY() { return threadIdx.y; }
+MORI_DEVICE_INLINE unsigned ThreadIdxZ() { return threadIdx.z; }
+MORI_DEVICE_INLINE unsigned BlockIdxX() { return blockIdx.x; }
+MORI_DEVICE_INLINE unsigned BlockIdxY() { return blockIdx.y; }
+MORI_DEVICE_INLINE unsigned BlockIdxZ() { return blockIdx.z; }
+MORI_DEVICE_INLINE unsigned BlockDimX() { return blockDim.x; }
+MORI_DEVICE_INLINE unsigned BlockDimY() { return blockDim.y; }
+MORI_DEVICE_INLINE unsigned BlockDimZ() { return blockDim.z; }
+MORI_DEVICE_INLINE unsigned GridDimX() { return gridDim.x; }
+MORI_DEVICE_INLINE unsigned GridDimY() { return gridDim.y; }
+MORI_DEVICE_INLINE unsigned GridDimZ() { return gridDim.z; }
+MORI_DEVICE_INLINE void SyncThreads() { __syncthreads(); }
+// One iteration's pause inside a polling loop: GPUs poll flat out, the latency of one poll is the point.
+MORI_DEVICE_INLINE void SpinPause() {}
+template <typename T>
+MORI_DEVICE_INLINE T* DynamicSharedMemory() {
+  extern __shared__ __align__(16) unsigned char moriDynamicShared[];
+  return reinterpret_cast<T*>(moriDynamicShared);
+}
+#endif
+
+// Linear thread index within the block and linear block index within the grid.
+MORI_DEVICE_INLINE unsigned FlatThreadIdx() {
+  return ThreadIdxX() + BlockDimX() * (ThreadIdxY() + BlockDimY() * ThreadIdxZ());
+}
+MORI_DEVICE_INLINE unsigned FlatBlockDim() { return BlockDimX() * BlockDimY() * BlockDimZ(); }
+MORI_DEVICE_INLINE unsigned FlatBlockIdx() { return BlockIdxX() + GridDimX() * (BlockIdxY() + GridDimY() * BlockIdxZ()); }
+MORI_DEVICE_INLINE unsigned FlatGridDim() { return GridDimX() * GridDimY() * GridDimZ(); }
+MORI_DEVICE_INLINE unsigned GlobalThreadIdx() { return FlatBlockIdx() * FlatBlockDim() + FlatThreadIdx(); }
+MORI_DEVICE_INLINE unsigned GlobalThreadCount() { return FlatGridDim() * FlatBlockDim(); }
+MORI_DEVICE_INLINE unsigned LaneId() { return FlatThreadIdx() % MORI_WARP_SIZE; }
+MORI_DEVICE_INLINE unsigned WarpId() { return FlatThreadIdx() / MORI_WARP_SIZE; }
+
+// Launches `kernel` (a MORI_GLOBAL function) on `stream`. Arguments are copied into the launch as
+// <<<>>> copies them, so pointers and POD handles are what a kernel should take.
+template <typename... Params, typename... Args>
+void LaunchKernel(void (*kernel)(Params...), Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream,
+                  Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "LaunchKernel: wrong number of kernel arguments");
+#if MORI_GPU_COMPILER
+  kernel<<<grid, block, sharedBytes, stream>>>(std::forward<Args>(args)...);
+#else
+  host::Launch(grid, block, sharedBytes, stream,
+               [kernel, params = std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)]() {
+                 std::apply(kernel, params);
+               });
+#endif
+}
+
+#endif  // MORI_DEVICE_API_AVAILABLE
+
+}  // namespace mori

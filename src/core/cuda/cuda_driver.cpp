@@ -1,0 +1,68 @@
+#include "cuda_driver.hpp"
+
+#include <cuda_runtime.h>
+
+#include <mutex>
+
+#include "mori/core/logging.hpp"
+
+namespace mori::cuda {
+
+namespace {
+
+template <typename Fn>
+void Load(Fn& fn, const char* symbol) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  // 12000: the ABI version of these entry points we compile against (all exist since CUDA 11-12).
+  cudaError_t rc = cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &status);
+  if (rc != cudaSuccess || status != cudaDriverEntryPointSuccess || p == nullptr) {
+    (void)cudaGetLastError();
+    MORI_THROW(ErrorCode::NotSupported, "the CUDA driver has no entry point %s (%s)", symbol, cudaGetErrorString(rc));
+  }
+  fn = reinterpret_cast<Fn>(p);
+}
+
+}  // namespace
+
+const Driver& Driver::Get() {
+  static Driver driver;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    Load(driver.getErrorString, "cuGetErrorString");
+    Load(driver.deviceGet, "cuDeviceGet");
+    Load(driver.deviceGetAttribute, "cuDeviceGetAttribute");
+    Load(driver.memCreate, "cuMemCreate");
+    Load(driver.memRelease, "cuMemRelease");
+    Load(driver.memAddressReserve, "cuMemAddressReserve");
+    Load(driver.memAddressFree, "cuMemAddressFree");
+    Load(driver.memMap, "cuMemMap");
+    Load(driver.memUnmap, "cuMemUnmap");
+    Load(driver.memSetAccess, "cuMemSetAccess");
+    Load(driver.memGetAllocationGranularity, "cuMemGetAllocationGranularity");
+    Load(driver.memExportToShareableHandle, "cuMemExportToShareableHandle");
+    Load(driver.memImportFromShareableHandle, "cuMemImportFromShareableHandle");
+    Load(driver.memRetainAllocationHandle, "cuMemRetainAllocationHandle");
+    Load(driver.memGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle");
+    Load(driver.memGetAddressRange, "cuMemGetAddressRange_v2");
+  });
+  return driver;
+}
+
+bool VmmFdSupported(int device) {
+  try {
+    const Driver& d = Driver::Get();
+    CUdevice dev;
+    if (d.deviceGet(&dev, device) != CUDA_SUCCESS) return false;
+    int vmm = 0;
+    int fd = 0;
+    d.deviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev);
+    d.deviceGetAttribute(&fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, dev);
+    return vmm != 0 && fd != 0;
+  } catch (const Error& e) {
+    MORI_LOG_INFO(Gpu, "CUDA VMM unavailable: %s", e.what());
+    return false;
+  }
+}
+
+}  // namespace mori::cuda

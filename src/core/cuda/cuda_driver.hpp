@@ -1,0 +1,47 @@
+// CUDA driver API entry points, fetched at run time through cudaGetDriverEntryPointByVersion so that mori
+// links only the CUDA runtime (and loads on machines whose driver lacks newer calls).
+#pragma once
+
+#include <cuda.h>
+
+#include "mori/core/errors.hpp"
+
+namespace mori::cuda {
+
+struct Driver {
+  decltype(&::cuGetErrorString) getErrorString = nullptr;
+  decltype(&::cuDeviceGet) deviceGet = nullptr;
+  decltype(&::cuDeviceGetAttribute) deviceGetAttribute = nullptr;
+  decltype(&::cuMemCreate) memCreate = nullptr;
+  decltype(&::cuMemRelease) memRelease = nullptr;
+  decltype(&::cuMemAddressReserve) memAddressReserve = nullptr;
+  decltype(&::cuMemAddressFree) memAddressFree = nullptr;
+  decltype(&::cuMemMap) memMap = nullptr;
+  decltype(&::cuMemUnmap) memUnmap = nullptr;
+  decltype(&::cuMemSetAccess) memSetAccess = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) memGetAllocationGranularity = nullptr;
+  decltype(&::cuMemExportToShareableHandle) memExportToShareableHandle = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) memImportFromShareableHandle = nullptr;
+  decltype(&::cuMemRetainAllocationHandle) memRetainAllocationHandle = nullptr;
+  decltype(&::cuMemGetAllocationPropertiesFromHandle) memGetAllocationPropertiesFromHandle = nullptr;
+  decltype(&::cuMemGetAddressRange) memGetAddressRange = nullptr;
+
+  // Loaded once; throws NotSupported naming the entry point the driver does not have.
+  static const Driver& Get();
+};
+
+// Can the current device export VMM allocations as POSIX file descriptors?
+bool VmmFdSupported(int device);
+
+}  // namespace mori::cuda
+
+#define MORI_CHECK_CU(call)                                                                              \
+  do {                                                                                                   \
+    CUresult moriCuStatus_ = (call);                                                                     \
+    if (moriCuStatus_ != CUDA_SUCCESS) {                                                                 \
+      const char* moriCuText_ = "unknown";                                                               \
+      ::mori::cuda::Driver::Get().getErrorString(moriCuStatus_, &moriCuText_);                           \
+      throw ::mori::GpuError(static_cast<int>(moriCuStatus_),                                            \
+                             ::mori::StrFormat("%s failed: %s", #call, moriCuText_) + " (" MORI_SOURCE_LOCATION ")"); \
+    }                                                                                                    \
+  } while (0)

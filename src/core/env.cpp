@@ -1,0 +1,178 @@
+#include "mori/core/env.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "mori/core/errors.hpp"
+
+extern char** environ;
+
+namespace mori {
+
+namespace {
+
+// Every MORI_* variable mori reads, in one place. Add new ones here, never read getenv("MORI_...") elsewhere.
+const std::vector<EnvParamInfo> kRegistry = {
+    {"MORI_LOG_LEVEL", EnvType::Choice, "warn", "error|warn|info|debug|trace",
+     "lowest severity of log lines printed to stderr"},
+    {"MORI_LOG_SUBSYS", EnvType::String, "all", "",
+     "subsystems that log: comma list of core,bootstrap,ipc,gpu,rdma,shmem,proxy,net or all; ^list excludes"},
+    {"MORI_TIMEOUT_S", EnvType::Int, "120", "",
+     "seconds any wait on another process, thread or device may take before it fails naming what it awaited"},
+    {"MORI_SOCKET_IFNAME", EnvType::String, "", "",
+     "network interfaces for sockets, comma separated (eth1,eth2); the first serves the bootstrap"},
+    {"MORI_BOOTSTRAP_ADDR", EnvType::String, "", "",
+     "address of rank 0's bootstrap listener: ip:port, [ipv6]:port or interface:ip:port"},
+    {"MORI_RANK", EnvType::Int, "", "", "this process's rank when launched without mpirun or torchrun"},
+    {"MORI_WORLD_SIZE", EnvType::Int, "", "", "number of ranks when launched without mpirun or torchrun"},
+    {"MORI_CUDA_IPC", EnvType::Choice, "auto", "auto|vmm|legacy",
+     "how GPU memory is shared with same-host peers: auto (VMM file descriptors when the driver supports "
+     "them, else legacy IPC handles), vmm, legacy"},
+};
+
+std::string Lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+std::string Trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+const EnvParamInfo& Expect(const std::string& name, EnvType type) {
+  const EnvParamInfo& info = EnvLookup(name);
+  MORI_CHECK(info.type == type, ErrorCode::Internal, "environment variable %s is read with the wrong type",
+             name.c_str());
+  return info;
+}
+
+// The value to parse: the environment's, else the registered default; throws when neither exists.
+std::string ValueOrDefault(const EnvParamInfo& info) {
+  if (auto raw = EnvRaw(info.name)) return *raw;
+  MORI_CHECK(info.defaultValue[0] != '\0', ErrorCode::InvalidUsage, "environment variable %s is not set",
+             info.name);
+  return info.defaultValue;
+}
+
+}  // namespace
+
+const std::vector<EnvParamInfo>& EnvRegistry() { return kRegistry; }
+
+const EnvParamInfo& EnvLookup(const std::string& name) {
+  for (const auto& info : kRegistry) {
+    if (name == info.name) return info;
+  }
+  MORI_THROW(ErrorCode::InvalidUsage, "%s is not a registered mori environment variable", name.c_str());
+}
+
+std::optional<std::string> EnvRaw(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  if (v == nullptr) return std::nullopt;
+  std::string s = Trim(v);
+  if (s.empty()) return std::nullopt;
+  return s;
+}
+
+bool EnvIsSet(const std::string& name) { return EnvRaw(name).has_value(); }
+
+int64_t ParseInt(const std::string& text, const std::string& what) {
+  std::string s = Trim(text);
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  MORI_CHECK(!s.empty() && errno == 0 && end != nullptr && *end == '\0', ErrorCode::InvalidUsage,
+             "%s='%s' is not an integer", what.c_str(), text.c_str());
+  return v;
+}
+
+uint64_t ParseSize(const std::string& text, const std::string& what) {
+  std::string s = Lower(Trim(text));
+  MORI_CHECK(!s.empty() && std::isdigit(static_cast<unsigned char>(s[0])), ErrorCode::InvalidUsage,
+             "%s='%s' is not a size (a number of bytes, optionally with a k, m, g or t suffix)", what.c_str(),
+             text.c_str());
+  errno = 0;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  MORI_CHECK(errno == 0, ErrorCode::InvalidUsage, "%s='%s' is out of range", what.c_str(), text.c_str());
+  std::string suffix = end;
+  if (!suffix.empty() && suffix.back() == 'b') suffix.pop_back();  // "16mb", "1gb"
+  if (suffix.size() == 2 && suffix[1] == 'i') suffix.pop_back();   // "16mi", "1gi"
+  int shift = 0;
+  if (suffix.empty()) {
+    shift = 0;
+  } else if (suffix == "k") {
+    shift = 10;
+  } else if (suffix == "m") {
+    shift = 20;
+  } else if (suffix == "g") {
+    shift = 30;
+  } else if (suffix == "t") {
+    shift = 40;
+  } else {
+    MORI_THROW(ErrorCode::InvalidUsage, "%s='%s' has an unknown size suffix '%s' (use k, m, g or t)", what.c_str(),
+               text.c_str(), end);
+  }
+  MORI_CHECK(shift == 0 || v <= (~0ull >> shift), ErrorCode::InvalidUsage, "%s='%s' is out of range", what.c_str(),
+             text.c_str());
+  return static_cast<uint64_t>(v) << shift;
+}
+
+std::string EnvGetString(const std::string& name) {
+  const EnvParamInfo& info = Expect(name, EnvType::String);
+  if (auto raw = EnvRaw(name)) return *raw;
+  return info.defaultValue;
+}
+
+int64_t EnvGetInt(const std::string& name) { return ParseInt(ValueOrDefault(Expect(name, EnvType::Int)), name); }
+
+uint64_t EnvGetSize(const std::string& name) { return ParseSize(ValueOrDefault(Expect(name, EnvType::Size)), name); }
+
+bool EnvGetBool(const std::string& name) {
+  std::string v = Lower(ValueOrDefault(Expect(name, EnvType::Bool)));
+  if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "off") return false;
+  MORI_THROW(ErrorCode::InvalidUsage, "%s='%s' is not a boolean (1/0, true/false, yes/no, on/off)", name.c_str(),
+             v.c_str());
+}
+
+std::string EnvGetChoice(const std::string& name) {
+  const EnvParamInfo& info = Expect(name, EnvType::Choice);
+  std::string v = Lower(ValueOrDefault(info));
+  std::string choices = info.choices;
+  size_t start = 0;
+  while (start <= choices.size()) {
+    size_t bar = choices.find('|', start);
+    if (bar == std::string::npos) bar = choices.size();
+    if (choices.compare(start, bar - start, v) == 0 && bar - start == v.size()) return v;
+    start = bar + 1;
+  }
+  MORI_THROW(ErrorCode::InvalidUsage, "%s='%s' is not one of %s", name.c_str(), v.c_str(), info.choices);
+}
+
+std::vector<std::string> UnknownMoriEnvVars() {
+  std::vector<std::string> unknown;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string entry = *e;
+    if (entry.rfind("MORI_", 0) != 0) continue;
+    std::string name = entry.substr(0, entry.find('='));
+    bool known = std::any_of(kRegistry.begin(), kRegistry.end(), [&](const EnvParamInfo& i) { return name == i.name; });
+    if (!known) unknown.push_back(name);
+  }
+  std::sort(unknown.begin(), unknown.end());
+  return unknown;
+}
+
+double TimeoutSeconds() {
+  int64_t s = EnvGetInt("MORI_TIMEOUT_S");
+  MORI_CHECK(s > 0, ErrorCode::InvalidUsage, "MORI_TIMEOUT_S=%lld must be a positive number of seconds",
+             static_cast<long long>(s));
+  return static_cast<double>(s);
+}
+
+}  // namespace mori

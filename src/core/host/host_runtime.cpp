@@ -1,0 +1,455 @@
+// The HOST backend's GPU runtime: the calls of gpu.hpp and the kernel launcher of kernel.hpp, with host
+// memory as device memory, in-order worker threads as streams and groups of host threads as kernels.
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "mori/core/gpu.hpp"
+#include "mori/core/kernel.hpp"
+#include "mori/core/logging.hpp"
+
+namespace mori {
+
+namespace host {
+
+class BlockBarrier {
+ public:
+  explicit BlockBarrier(unsigned count) : count_(count) {}
+
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (broken_) throw KernelTrap{"another thread of the launch failed"};
+    uint64_t generation = generation_;
+    if (++arrived_ == count_) {
+      arrived_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != generation || broken_; });
+    if (generation_ == generation) throw KernelTrap{"another thread of the launch failed"};
+  }
+
+  // Releases every waiter (they trap): a thread of the block failed or never started.
+  void Break() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    broken_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  unsigned count_;
+  unsigned arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool broken_ = false;
+};
+
+ThreadContext& CurrentThread() {
+  thread_local ThreadContext context;
+  return context;
+}
+
+void BlockSync() {
+  BlockBarrier* barrier = CurrentThread().barrier;
+  if (barrier != nullptr) barrier->Wait();
+}
+
+void SpinPause() {
+  const bool* aborted = CurrentThread().aborted;
+  if (aborted != nullptr && __atomic_load_n(aborted, __ATOMIC_ACQUIRE)) {
+    throw KernelTrap{"another thread of the launch failed"};
+  }
+  std::this_thread::yield();
+}
+
+}  // namespace host
+
+// An in-order queue of work run by one worker thread, like a GPU stream.
+struct HostStream {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::deque<std::function<GpuStatus()>> queue;
+  bool busy = false;
+  bool stopping = false;
+  GpuStatus error = kGpuSuccess;  // first failure since the last synchronisation
+  std::thread worker;
+
+  HostStream() : worker([this] { Run(); }) {}
+
+  ~HostStream() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stopping = true;
+    }
+    cv.notify_all();
+    worker.join();
+  }
+
+  void Enqueue(std::function<GpuStatus()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      queue.push_back(std::move(task));
+    }
+    cv.notify_all();
+  }
+
+  // Waits until everything enqueued so far has run; returns (and clears) the first failure.
+  GpuStatus Synchronize() {
+    std::unique_lock<std::mutex> lock(mutex);
+    cv.wait(lock, [&] { return queue.empty() && !busy; });
+    GpuStatus s = error;
+    error = kGpuSuccess;
+    return s;
+  }
+
+  GpuStatus Query() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return (queue.empty() && !busy) ? kGpuSuccess : kGpuErrorNotReady;
+  }
+
+  void Run() {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (true) {
+      cv.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (queue.empty()) return;  // stopping, and drained
+      auto task = std::move(queue.front());
+      queue.pop_front();
+      busy = true;
+      lock.unlock();
+      GpuStatus s = task();
+      lock.lock();
+      busy = false;
+      if (s != kGpuSuccess && error == kGpuSuccess) error = s;
+      cv.notify_all();
+    }
+  }
+};
+
+struct HostEvent {
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool recorded = false;
+  bool done = true;
+  std::chrono::steady_clock::time_point when{};
+};
+
+namespace {
+
+thread_local GpuStatus tlsLastError = kGpuSuccess;
+
+std::mutex& StreamsMutex() {
+  static std::mutex* m = new std::mutex();
+  return *m;
+}
+std::set<HostStream*>& Streams() {
+  static std::set<HostStream*>* s = new std::set<HostStream*>();
+  return *s;
+}
+
+// The default stream lives for the whole process (its worker idles on a condition variable at exit).
+HostStream* DefaultStream() {
+  static HostStream* s = [] {
+    auto* stream = new HostStream();
+    std::lock_guard<std::mutex> lock(StreamsMutex());
+    Streams().insert(stream);
+    return stream;
+  }();
+  return s;
+}
+
+HostStream* Resolve(GpuStream s) { return s == nullptr ? DefaultStream() : s; }
+
+GpuStatus Fail(GpuStatus s) {
+  tlsLastError = s;
+  return s;
+}
+
+}  // namespace
+
+namespace host {
+
+void Launch(Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream, std::function<void()> body) {
+  uint64_t perBlock = uint64_t(block.x) * block.y * block.z;
+  uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
+  if (perBlock == 0 || blocks == 0 || perBlock > kMaxThreadsPerBlock || perBlock * blocks > kMaxThreadsPerLaunch) {
+    MORI_LOG_ERROR(Gpu,
+                   "HOST kernel launch of %llu blocks x %llu threads rejected: the HOST backend runs at most %u "
+                   "threads per block and %u per launch",
+                   static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(perBlock),
+                   kMaxThreadsPerBlock, kMaxThreadsPerLaunch);
+    Fail(kGpuErrorInvalidConfiguration);
+    return;
+  }
+  Resolve(stream)->Enqueue([grid, block, sharedBytes, blocks, perBlock, body = std::move(body)]() -> GpuStatus {
+    std::vector<std::unique_ptr<BlockBarrier>> barriers;
+    std::vector<std::vector<uint64_t>> shared(blocks);
+    std::vector<std::thread> threads;
+    bool aborted = false;  // read and written with __atomic builtins
+    auto abortLaunch = [&] {
+      __atomic_store_n(&aborted, true, __ATOMIC_RELEASE);
+      for (auto& barrier : barriers) barrier->Break();
+    };
+    threads.reserve(blocks * perBlock);
+    for (uint64_t b = 0; b < blocks; ++b) {
+      barriers.push_back(std::make_unique<BlockBarrier>(static_cast<unsigned>(perBlock)));
+      shared[b].assign((sharedBytes + 7) / 8, 0);
+    }
+    try {
+      for (uint64_t b = 0; b < blocks; ++b) {
+        for (uint64_t t = 0; t < perBlock; ++t) {
+          ThreadContext ctx;
+          ctx.blockIdx = Dim3(unsigned(b % grid.x), unsigned(b / grid.x % grid.y), unsigned(b / grid.x / grid.y));
+          ctx.threadIdx =
+              Dim3(unsigned(t % block.x), unsigned(t / block.x % block.y), unsigned(t / block.x / block.y));
+          ctx.blockDim = block;
+          ctx.gridDim = grid;
+          ctx.barrier = barriers[b].get();
+          ctx.sharedMemory = shared[b].empty() ? nullptr : shared[b].data();
+          ctx.aborted = &aborted;
+          threads.emplace_back([ctx, &body, &abortLaunch] {
+            CurrentThread() = ctx;
+            const char* what = nullptr;
+            std::string detail;
+            try {
+              body();
+            } catch (const KernelTrap& trap) {
+              what = trap.reason;
+            } catch (const std::exception& e) {
+              what = "exception:";
+              detail = e.what();
+            } catch (...) {
+              what = "unknown exception";
+            }
+            if (what != nullptr) {
+              MORI_LOG_ERROR(Gpu, "HOST kernel thread (block %u, thread %u) ended: %s %s", ctx.blockIdx.x,
+                             ctx.threadIdx.x, what, detail.c_str());
+              abortLaunch();
+            }
+            CurrentThread() = ThreadContext();
+          });
+        }
+      }
+    } catch (const std::system_error& e) {
+      MORI_LOG_ERROR(Gpu, "HOST kernel launch could not start its threads: %s", e.what());
+      abortLaunch();  // threads already started leave their barriers and polling loops
+    }
+    for (auto& th : threads) th.join();
+    return __atomic_load_n(&aborted, __ATOMIC_ACQUIRE) ? kGpuErrorLaunchFailure : kGpuSuccess;
+  });
+}
+
+}  // namespace host
+
+GpuStatus GpuGetDeviceCount(int* n) {
+  if (n == nullptr) return Fail(kGpuErrorInvalidValue);
+  *n = 1;
+  return kGpuSuccess;
+}
+
+GpuStatus GpuSetDevice(int dev) { return dev == 0 ? kGpuSuccess : Fail(kGpuErrorInvalidDevice); }
+
+GpuStatus GpuGetDevice(int* dev) {
+  if (dev == nullptr) return Fail(kGpuErrorInvalidValue);
+  *dev = 0;
+  return kGpuSuccess;
+}
+
+GpuStatus GpuDeviceGetName(char* buf, int len, int dev) {
+  if (dev != 0) return Fail(kGpuErrorInvalidDevice);
+  if (buf == nullptr || len <= 0) return Fail(kGpuErrorInvalidValue);
+  std::snprintf(buf, static_cast<size_t>(len), "host CPU (%u hardware threads)", std::thread::hardware_concurrency());
+  return kGpuSuccess;
+}
+
+GpuStatus GpuDeviceGetPciBusId(char* buf, int len, int dev) {
+  if (dev != 0) return Fail(kGpuErrorInvalidDevice);
+  if (buf == nullptr || len <= 0) return Fail(kGpuErrorInvalidValue);
+  std::snprintf(buf, static_cast<size_t>(len), "host");
+  return kGpuSuccess;
+}
+
+GpuStatus GpuDeviceCanAccessPeer(int* can, int dev, int peer) {
+  if (can == nullptr) return Fail(kGpuErrorInvalidValue);
+  if (dev != 0 || peer != 0) return Fail(kGpuErrorInvalidDevice);
+  *can = 1;
+  return kGpuSuccess;
+}
+
+GpuStatus GpuDeviceEnablePeerAccess(int peer) { return peer == 0 ? kGpuSuccess : Fail(kGpuErrorInvalidDevice); }
+
+GpuStatus GpuMalloc(void** p, size_t n) {
+  if (p == nullptr) return Fail(kGpuErrorInvalidValue);
+  // 256-byte alignment, as cudaMalloc gives, rounded so aligned_alloc accepts the size.
+  size_t rounded = (n + 255) / 256 * 256;
+  *p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
+  return *p == nullptr ? Fail(kGpuErrorMemoryAllocation) : kGpuSuccess;
+}
+
+GpuStatus GpuMallocUncached(void** p, size_t n) { return GpuMalloc(p, n); }
+
+GpuStatus GpuFree(void* p) {
+  std::free(p);
+  return kGpuSuccess;
+}
+
+GpuStatus GpuHostAllocMapped(void** p, size_t n) { return GpuMalloc(p, n); }
+
+GpuStatus GpuFreeHost(void* p) { return GpuFree(p); }
+
+GpuStatus GpuHostRegisterMapped(void* p, size_t n) {
+  return (p == nullptr || n == 0) ? Fail(kGpuErrorInvalidValue) : kGpuSuccess;
+}
+
+GpuStatus GpuHostUnregister(void* p) { return p == nullptr ? Fail(kGpuErrorInvalidValue) : kGpuSuccess; }
+
+GpuStatus GpuHostGetDevicePointer(void** dev, void* hostPtr) {
+  if (dev == nullptr || hostPtr == nullptr) return Fail(kGpuErrorInvalidValue);
+  *dev = hostPtr;
+  return kGpuSuccess;
+}
+
+GpuStatus GpuMemcpyAsync(void* dst, const void* src, size_t n, GpuStream s) {
+  if (n > 0 && (dst == nullptr || src == nullptr)) return Fail(kGpuErrorInvalidValue);
+  Resolve(s)->Enqueue([dst, src, n] {
+    std::memmove(dst, src, n);
+    return kGpuSuccess;
+  });
+  return kGpuSuccess;
+}
+
+// Synchronous copies and sets are ordered after the default stream's earlier work, as on a GPU.
+GpuStatus GpuMemcpy(void* dst, const void* src, size_t n) {
+  GpuStatus s = GpuMemcpyAsync(dst, src, n, nullptr);
+  return s != kGpuSuccess ? s : DefaultStream()->Synchronize();
+}
+
+GpuStatus GpuMemsetAsync(void* p, int v, size_t n, GpuStream s) {
+  if (n > 0 && p == nullptr) return Fail(kGpuErrorInvalidValue);
+  Resolve(s)->Enqueue([p, v, n] {
+    std::memset(p, v, n);
+    return kGpuSuccess;
+  });
+  return kGpuSuccess;
+}
+
+GpuStatus GpuMemset(void* p, int v, size_t n) {
+  GpuStatus s = GpuMemsetAsync(p, v, n, nullptr);
+  return s != kGpuSuccess ? s : DefaultStream()->Synchronize();
+}
+
+GpuStatus GpuStreamCreate(GpuStream* s) {
+  if (s == nullptr) return Fail(kGpuErrorInvalidValue);
+  *s = new HostStream();
+  std::lock_guard<std::mutex> lock(StreamsMutex());
+  Streams().insert(*s);
+  return kGpuSuccess;
+}
+
+GpuStatus GpuStreamDestroy(GpuStream s) {
+  if (s == nullptr) return Fail(kGpuErrorInvalidValue);
+  {
+    std::lock_guard<std::mutex> lock(StreamsMutex());
+    if (Streams().erase(s) == 0) return Fail(kGpuErrorInvalidValue);
+  }
+  s->Synchronize();
+  delete s;
+  return kGpuSuccess;
+}
+
+GpuStatus GpuStreamSynchronize(GpuStream s) { return Resolve(s)->Synchronize(); }
+
+GpuStatus GpuStreamQuery(GpuStream s) { return Resolve(s)->Query(); }
+
+GpuStatus GpuDeviceSynchronize() {
+  std::vector<HostStream*> all;
+  DefaultStream();
+  {
+    std::lock_guard<std::mutex> lock(StreamsMutex());
+    all.assign(Streams().begin(), Streams().end());
+  }
+  GpuStatus first = kGpuSuccess;
+  for (HostStream* s : all) {
+    GpuStatus st = s->Synchronize();
+    if (first == kGpuSuccess) first = st;
+  }
+  return first;
+}
+
+GpuStatus GpuEventCreate(GpuEvent* e) {
+  if (e == nullptr) return Fail(kGpuErrorInvalidValue);
+  *e = new HostEvent();
+  return kGpuSuccess;
+}
+
+GpuStatus GpuEventDestroy(GpuEvent e) {
+  if (e == nullptr) return Fail(kGpuErrorInvalidValue);
+  GpuEventSynchronize(e);
+  delete e;
+  return kGpuSuccess;
+}
+
+GpuStatus GpuEventRecord(GpuEvent e, GpuStream s) {
+  if (e == nullptr) return Fail(kGpuErrorInvalidValue);
+  {
+    std::lock_guard<std::mutex> lock(e->mutex);
+    e->recorded = true;
+    e->done = false;
+  }
+  Resolve(s)->Enqueue([e] {
+    std::lock_guard<std::mutex> lock(e->mutex);
+    e->when = std::chrono::steady_clock::now();
+    e->done = true;
+    e->cv.notify_all();
+    return kGpuSuccess;
+  });
+  return kGpuSuccess;
+}
+
+GpuStatus GpuEventSynchronize(GpuEvent e) {
+  if (e == nullptr) return Fail(kGpuErrorInvalidValue);
+  std::unique_lock<std::mutex> lock(e->mutex);
+  e->cv.wait(lock, [&] { return e->done; });
+  return kGpuSuccess;
+}
+
+GpuStatus GpuEventElapsedTime(float* ms, GpuEvent a, GpuEvent b) {
+  if (ms == nullptr || a == nullptr || b == nullptr) return Fail(kGpuErrorInvalidValue);
+  std::scoped_lock lock(a->mutex, b->mutex);
+  if (!a->recorded || !b->recorded) return Fail(kGpuErrorInvalidValue);
+  if (!a->done || !b->done) return Fail(kGpuErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(b->when - a->when).count();
+  return kGpuSuccess;
+}
+
+GpuStatus GpuGetLastError() {
+  GpuStatus s = tlsLastError;
+  tlsLastError = kGpuSuccess;
+  return s;
+}
+
+const char* GpuGetErrorString(GpuStatus s) {
+  switch (s) {
+    case kGpuSuccess: return "no error";
+    case kGpuErrorInvalidValue: return "invalid argument";
+    case kGpuErrorMemoryAllocation: return "out of memory";
+    case kGpuErrorInvalidDevice: return "invalid device ordinal (the HOST backend has device 0 only)";
+    case kGpuErrorNotReady: return "device not ready";
+    case kGpuErrorLaunchFailure: return "kernel failed: a HOST kernel thread trapped (see the log above)";
+    case kGpuErrorInvalidConfiguration: return "invalid launch configuration";
+    case kGpuErrorNotSupported: return "operation not supported";
+  }
+  return "unknown error";
+}
+
+}  // namespace mori

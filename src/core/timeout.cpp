@@ -1,0 +1,31 @@
+#include "mori/core/timeout.hpp"
+
+#include <climits>
+
+#include "mori/core/env.hpp"
+
+namespace mori {
+
+Deadline Deadline::After(double seconds) {
+  auto span = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  return Deadline(Clock::now() + span, seconds);
+}
+
+Deadline Deadline::Default() { return After(TimeoutSeconds()); }
+
+Deadline Deadline::Never() { return Deadline(Clock::time_point::max(), 1e18); }
+
+int Deadline::RemainingMs() const {
+  if (end_ == Clock::time_point::max()) return INT_MAX;
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end_ - Clock::now()).count();
+  if (left <= 0) return 0;
+  return left > INT_MAX ? INT_MAX : static_cast<int>(left);
+}
+
+double Deadline::RemainingSeconds() const {
+  if (end_ == Clock::time_point::max()) return 1e18;
+  double left = std::chrono::duration<double>(end_ - Clock::now()).count();
+  return left < 0 ? 0 : left;
+}
+
+}  // namespace mori
