@@ -1,6 +1,7 @@
 #include "mori/core/mpi_bootstrap.hpp"
 
 #include <climits>
+#include <iterator>
 #include <thread>
 
 #include "mori/core/env.hpp"
@@ -46,7 +47,27 @@ MpiBootstrap::MpiBootstrap(MPI_Comm comm, double timeoutSeconds) {
 MpiBootstrap::~MpiBootstrap() {
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  if (finalized) return;
+  // Sends still in flight belong to receives the peers have yet to post; give them the usual bound.
+  Deadline deadline = Deadline::After(timeout_);
+  while (!pending_.empty() && !deadline.Expired()) {
+    ProgressSends();
+    std::this_thread::yield();
+  }
+  for (auto& p : pending_) {
+    MORI_LOG_WARN(Bootstrap, "rank %d: a bootstrap message to rank %d was never received; cancelling it", rank_, p.peer);
+    MPI_Cancel(&p.request);
+    MPI_Request_free(&p.request);
+  }
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void MpiBootstrap::ProgressSends() {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    int done = 0;
+    CheckMpi(MPI_Test(&it->request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+    it = done ? pending_.erase(it) : std::next(it);
+  }
 }
 
 void MpiBootstrap::Wait(MPI_Request* request, const char* what, int peer) {
@@ -54,6 +75,7 @@ void MpiBootstrap::Wait(MPI_Request* request, const char* what, int peer) {
   int done = 0;
   MPI_Status status;
   while (true) {
+    ProgressSends();
     CheckMpi(MPI_Test(request, &done, &status), "MPI_Test");
     if (done) return;
     if (deadline.Expired()) {
@@ -74,9 +96,12 @@ void MpiBootstrap::Send(const void* data, size_t bytes, int peer, int tag) {
              nRanks_);
   MORI_CHECK(tag >= 0 && tag <= tagUpperBound_, ErrorCode::InvalidUsage,
              "MpiBootstrap Send: tag %d outside [0, %d] (MPI_TAG_UB)", tag, tagUpperBound_);
-  MPI_Request req;
-  CheckMpi(MPI_Isend(data, CheckedCount(bytes, "Send"), MPI_BYTE, peer, tag, comm_, &req), "MPI_Isend");
-  Wait(&req, "send", peer);
+  ProgressSends();
+  const auto* p = static_cast<const uint8_t*>(data);
+  pending_.push_back(PendingSend{MPI_REQUEST_NULL, std::vector<uint8_t>(p, p + bytes), peer});
+  PendingSend& s = pending_.back();
+  CheckMpi(MPI_Isend(s.data.data(), CheckedCount(bytes, "Send"), MPI_BYTE, peer, tag, comm_, &s.request),
+           "MPI_Isend");
 }
 
 void MpiBootstrap::Recv(void* data, size_t bytes, int peer, int tag) {
@@ -89,6 +114,7 @@ void MpiBootstrap::Recv(void* data, size_t bytes, int peer, int tag) {
   int flag = 0;
   MPI_Status status;
   while (true) {
+    ProgressSends();
     CheckMpi(MPI_Iprobe(peer, tag, comm_, &flag, &status), "MPI_Iprobe");
     if (flag) break;
     if (deadline.Expired()) {

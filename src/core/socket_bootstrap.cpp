@@ -594,7 +594,15 @@ class SocketBootstrap::Impl {
       std::memcpy(&hello, in.payload.data(), sizeof(hello));
       std::string bad = bootstrap_wire::CheckHello(hello, nonce_, nRanks_);
       if (!bad.empty()) {
-        if (hello.nonce == nonce_ && rank_ == 0) registrationError_ = bad;  // same job, wrong setup: fatal
+        if (hello.nonce == nonce_ && rank_ == 0 && !initialized_ &&
+            hello.purpose == static_cast<uint32_t>(HelloPurpose::Register)) {
+          // Same job, wrong setup: fatal for the job. Keep the connection so that this rank hears why.
+          registrationError_ = bad;
+          in.registration = true;
+          in.counted = true;
+          in.headerGot = 0;
+          return;
+        }
         DropConnection(in, "refused: " + bad);
         return;
       }

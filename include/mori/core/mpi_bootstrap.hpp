@@ -8,6 +8,9 @@
 
 #include <mpi.h>
 
+#include <list>
+#include <vector>
+
 #include "mori/core/bootstrap.hpp"
 
 namespace mori {
@@ -30,7 +33,18 @@ class MpiBootstrap : public Bootstrap {
   void Broadcast(void* data, size_t bytes, int root) override;
 
  private:
+  // A send whose receiver may not have posted its receive yet: the data is copied and the request
+  // completes in the background, so Send never waits for the peer (as with the socket bootstrap).
+  struct PendingSend {
+    MPI_Request request;
+    std::vector<uint8_t> data;
+    int peer;
+  };
+
   void Wait(MPI_Request* request, const char* what, int peer);
+  void ProgressSends();
+
+  std::list<PendingSend> pending_;
 
   MPI_Comm comm_ = MPI_COMM_NULL;  // a duplicate: our tags never meet the application's
   int rank_ = 0;

@@ -1,5 +1,6 @@
 // The HOST backend's GPU runtime: the calls of gpu.hpp and the kernel launcher of kernel.hpp, with host
 // memory as device memory, in-order worker threads as streams and groups of host threads as kernels.
+#include <pthread.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -148,24 +149,38 @@ namespace {
 
 thread_local GpuStatus tlsLastError = kGpuSuccess;
 
-std::mutex& StreamsMutex() {
-  static std::mutex* m = new std::mutex();
-  return *m;
-}
-std::set<HostStream*>& Streams() {
-  static std::set<HostStream*>* s = new std::set<HostStream*>();
-  return *s;
+// Registry of live streams and the lazily made default stream. After fork() the child has none of the
+// parent's worker threads, so the child forgets them (leaking the objects) and makes its own on first use.
+struct StreamRegistry {
+  std::mutex mutex;
+  std::set<HostStream*> streams;
+  HostStream* defaultStream = nullptr;
+};
+
+StreamRegistry*& RegistryPointer() {
+  static StreamRegistry* registry = nullptr;
+  return registry;
 }
 
-// The default stream lives for the whole process (its worker idles on a condition variable at exit).
+void ForgetParentStreams() { RegistryPointer() = new StreamRegistry(); }
+
+StreamRegistry& Registry() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    RegistryPointer() = new StreamRegistry();
+    pthread_atfork(nullptr, nullptr, ForgetParentStreams);
+  });
+  return *RegistryPointer();
+}
+
 HostStream* DefaultStream() {
-  static HostStream* s = [] {
-    auto* stream = new HostStream();
-    std::lock_guard<std::mutex> lock(StreamsMutex());
-    Streams().insert(stream);
-    return stream;
-  }();
-  return s;
+  StreamRegistry& r = Registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  if (r.defaultStream == nullptr) {
+    r.defaultStream = new HostStream();
+    r.streams.insert(r.defaultStream);
+  }
+  return r.defaultStream;
 }
 
 HostStream* Resolve(GpuStream s) { return s == nullptr ? DefaultStream() : s; }
@@ -351,16 +366,18 @@ GpuStatus GpuMemset(void* p, int v, size_t n) {
 GpuStatus GpuStreamCreate(GpuStream* s) {
   if (s == nullptr) return Fail(kGpuErrorInvalidValue);
   *s = new HostStream();
-  std::lock_guard<std::mutex> lock(StreamsMutex());
-  Streams().insert(*s);
+  StreamRegistry& r = Registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  r.streams.insert(*s);
   return kGpuSuccess;
 }
 
 GpuStatus GpuStreamDestroy(GpuStream s) {
   if (s == nullptr) return Fail(kGpuErrorInvalidValue);
   {
-    std::lock_guard<std::mutex> lock(StreamsMutex());
-    if (Streams().erase(s) == 0) return Fail(kGpuErrorInvalidValue);
+    StreamRegistry& r = Registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (s == r.defaultStream || r.streams.erase(s) == 0) return Fail(kGpuErrorInvalidValue);
   }
   s->Synchronize();
   delete s;
@@ -375,8 +392,9 @@ GpuStatus GpuDeviceSynchronize() {
   std::vector<HostStream*> all;
   DefaultStream();
   {
-    std::lock_guard<std::mutex> lock(StreamsMutex());
-    all.assign(Streams().begin(), Streams().end());
+    StreamRegistry& r = Registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    all.assign(r.streams.begin(), r.streams.end());
   }
   GpuStatus first = kGpuSuccess;
   for (HostStream* s : all) {

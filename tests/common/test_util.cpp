@@ -1,0 +1,151 @@
+#include "test_util.hpp"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <thread>
+
+#include "mori/core/gpu.hpp"
+
+namespace mori::test {
+
+void FillPattern(void* data, size_t bytes, int rank, uint32_t seed) {
+  auto* p = static_cast<uint8_t*>(data);
+  for (size_t i = 0; i < bytes; ++i) p[i] = PatternByte(rank, i, seed);
+}
+
+size_t FirstPatternMismatch(const void* data, size_t bytes, int rank, uint32_t seed) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < bytes; ++i) {
+    if (p[i] != PatternByte(rank, i, seed)) return i;
+  }
+  return bytes;
+}
+
+std::string ProcessOutcome::Describe() const {
+  char buf[128];
+  if (timedOut) {
+    std::snprintf(buf, sizeof(buf), "rank %d timed out and was killed", rank);
+  } else if (signal != 0) {
+    std::snprintf(buf, sizeof(buf), "rank %d was killed by signal %d (%s)", rank, signal, strsignal(signal));
+  } else {
+    std::snprintf(buf, sizeof(buf), "rank %d exited with code %d", rank, exitCode);
+  }
+  return buf;
+}
+
+std::vector<ProcessOutcome> RunProcesses(int n, const std::function<int(int rank)>& body, double timeoutSeconds) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::vector<pid_t> pids(static_cast<size_t>(n), -1);
+  std::vector<ProcessOutcome> out(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    out[static_cast<size_t>(r)].rank = r;
+    pid_t pid = fork();
+    if (pid == 0) {
+      int code = 1;
+      try {
+        code = body(r);
+        if (::testing::Test::HasFailure()) code = code == 0 ? 1 : code;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "[rank %d] uncaught exception: %s\n", r, e.what());
+        code = 3;
+      } catch (...) {
+        std::fprintf(stderr, "[rank %d] uncaught exception\n", r);
+        code = 3;
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(code);
+    }
+    pids[static_cast<size_t>(r)] = pid;
+  }
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeoutSeconds);
+  int left = n;
+  while (left > 0) {
+    for (int r = 0; r < n; ++r) {
+      pid_t pid = pids[static_cast<size_t>(r)];
+      if (pid <= 0) continue;
+      int status = 0;
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        auto& o = out[static_cast<size_t>(r)];
+        if (WIFEXITED(status)) o.exitCode = WEXITSTATUS(status);
+        if (WIFSIGNALED(status)) o.signal = WTERMSIG(status);
+        pids[static_cast<size_t>(r)] = -1;
+        --left;
+      }
+    }
+    if (left == 0) break;
+    if (std::chrono::steady_clock::now() > end) {
+      for (int r = 0; r < n; ++r) {
+        pid_t pid = pids[static_cast<size_t>(r)];
+        if (pid <= 0) continue;
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+        out[static_cast<size_t>(r)].timedOut = true;
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return out;
+}
+
+void ExpectAllSucceed(const std::vector<ProcessOutcome>& outcomes) {
+  for (const auto& o : outcomes) EXPECT_TRUE(o.Ok()) << o.Describe();
+}
+
+int FreeTcpPort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr;
+  std::memset(&addr, 0, sizeof(addr));
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+int ProbeGpuCount() {
+  auto outcome = RunProcesses(
+      1,
+      [](int) {
+        int n = 0;
+        if (GpuGetDeviceCount(&n) != kGpuSuccess) n = 0;
+        return n;
+      },
+      60);
+  return outcome[0].signal == 0 && !outcome[0].timedOut ? outcome[0].exitCode : 0;
+}
+
+ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
+  const char* old = std::getenv(name);
+  had_ = old != nullptr;
+  if (had_) old_ = old;
+  if (value != nullptr) {
+    setenv(name, value, 1);
+  } else {
+    unsetenv(name);
+  }
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (had_) {
+    setenv(name_.c_str(), old_.c_str(), 1);
+  } else {
+    unsetenv(name_.c_str());
+  }
+}
+
+}  // namespace mori::test

@@ -1,0 +1,64 @@
+// Helpers shared by mori's tests: data patterns that depend on rank and index, and a runner that starts
+// N processes by fork() and reports, per rank, how each ended (with a bound on the whole run).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "mori/core/device.hpp"
+
+namespace mori::test {
+
+// A byte that differs with rank, index and a per-test seed; never constant over a range.
+MORI_HOST_DEVICE_INLINE uint8_t PatternByte(int rank, size_t index, uint32_t seed = 0) {
+  uint64_t x = (static_cast<uint64_t>(rank) + 1) * 0x9E3779B97F4A7C15ull ^ (index + 1) * 0xBF58476D1CE4E5B9ull ^ seed;
+  x ^= x >> 31;
+  return static_cast<uint8_t>(x * 0x94D049BB133111EBull >> 56);
+}
+
+void FillPattern(void* data, size_t bytes, int rank, uint32_t seed = 0);
+
+// Index of the first byte that differs from the pattern, or `bytes` when all match.
+size_t FirstPatternMismatch(const void* data, size_t bytes, int rank, uint32_t seed = 0);
+
+struct ProcessOutcome {
+  int rank = -1;
+  int exitCode = -1;  // when it exited
+  int signal = 0;     // when a signal ended it
+  bool timedOut = false;
+  bool Ok() const { return exitCode == 0 && signal == 0 && !timedOut; }
+  std::string Describe() const;
+};
+
+// Runs body(rank) in `n` forked processes. A child's result is its return value, or 1 if it left a gtest
+// failure or threw. A run longer than `timeoutSeconds` kills every child left and marks it timed out.
+std::vector<ProcessOutcome> RunProcesses(int n, const std::function<int(int rank)>& body, double timeoutSeconds = 120);
+
+// The same, expecting every rank to succeed; adds a gtest failure per rank that did not.
+void ExpectAllSucceed(const std::vector<ProcessOutcome>& outcomes);
+
+// A free TCP port on loopback (bound and released; good enough for tests).
+int FreeTcpPort();
+
+// Number of GPUs, probed in a child process so that this process does not initialise the GPU runtime
+// before it forks (a CUDA context does not survive fork()).
+int ProbeGpuCount();
+
+// Scoped setenv / unsetenv.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);  // value nullptr: unset
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  bool had_;
+  std::string old_;
+};
+
+}  // namespace mori::test

@@ -1,0 +1,22 @@
+// Uses the installed headers and library: configuration, environment registry, a bootstrap of one.
+#include <cstdio>
+
+#include "mori/core/bootstrap.hpp"
+#include "mori/core/config.hpp"
+#include "mori/core/env.hpp"
+#include "mori/core/errors.hpp"
+#include "mori/core/launch.hpp"
+
+int main() {
+  auto bootstrap = mori::CreateBootstrapFromEnvironment(10);
+  auto values = bootstrap->AllGatherValue(41 + 1);
+  if (bootstrap->GetNranks() != 1 || values.at(0) != 42) return 1;
+  try {
+    mori::EnvGetInt("MORI_NOT_A_VARIABLE");
+    return 2;
+  } catch (const mori::Error&) {
+  }
+  std::printf("consumer of mori %s (%s backend): %zu registered variables, ok\n", MORI_VERSION_STRING,
+              MORI_BACKEND_NAME, mori::EnvRegistry().size());
+  return 0;
+}

@@ -1,0 +1,97 @@
+// The MORI_* registry: defaults, typed parsing, clear errors for malformed values and unknown names.
+#include <gtest/gtest.h>
+
+#include "../common/test_util.hpp"
+#include "mori/core/env.hpp"
+#include "mori/core/errors.hpp"
+
+namespace mori {
+namespace {
+
+using test::ScopedEnv;
+
+TEST(Env, DefaultsApplyWhenUnset) {
+  ScopedEnv t("MORI_TIMEOUT_S", nullptr);
+  ScopedEnv l("MORI_LOG_LEVEL", nullptr);
+  EXPECT_EQ(EnvGetInt("MORI_TIMEOUT_S"), 120);
+  EXPECT_DOUBLE_EQ(TimeoutSeconds(), 120.0);
+  EXPECT_EQ(EnvGetChoice("MORI_LOG_LEVEL"), "warn");
+  EXPECT_FALSE(EnvIsSet("MORI_TIMEOUT_S"));
+}
+
+TEST(Env, ValuesAreParsedAndTrimmed) {
+  ScopedEnv t("MORI_TIMEOUT_S", " 7 ");
+  ScopedEnv l("MORI_LOG_LEVEL", "DEBUG");
+  ScopedEnv i("MORI_SOCKET_IFNAME", "eth1,eth2");
+  EXPECT_EQ(EnvGetInt("MORI_TIMEOUT_S"), 7);
+  EXPECT_EQ(EnvGetChoice("MORI_LOG_LEVEL"), "debug");
+  EXPECT_EQ(EnvGetString("MORI_SOCKET_IFNAME"), "eth1,eth2");
+}
+
+TEST(Env, MalformedValuesNameTheVariable) {
+  ScopedEnv t("MORI_TIMEOUT_S", "12abc");
+  try {
+    EnvGetInt("MORI_TIMEOUT_S");
+    FAIL() << "no error for a malformed integer";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.Code(), ErrorCode::InvalidUsage);
+    EXPECT_NE(std::string(e.what()).find("MORI_TIMEOUT_S='12abc'"), std::string::npos) << e.what();
+  }
+  ScopedEnv l("MORI_LOG_LEVEL", "verbose");
+  try {
+    EnvGetChoice("MORI_LOG_LEVEL");
+    FAIL() << "no error for an unknown choice";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("error|warn|info|debug|trace"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Env, NonPositiveTimeoutIsRefused) {
+  ScopedEnv t("MORI_TIMEOUT_S", "0");
+  EXPECT_THROW(TimeoutSeconds(), Error);
+}
+
+TEST(Env, UnregisteredNamesAreErrors) {
+  EXPECT_THROW(EnvGetInt("MORI_NO_SUCH_THING"), Error);
+  EXPECT_THROW(EnvLookup("MORI_TIMEOUT"), Error);
+  EXPECT_THROW(EnvGetString("MORI_TIMEOUT_S"), Error);  // registered, but as an integer
+}
+
+TEST(Env, UnknownMoriVariablesAreListed) {
+  ScopedEnv typo("MORI_TIMEOUT_SEC", "5");
+  auto unknown = UnknownMoriEnvVars();
+  EXPECT_NE(std::find(unknown.begin(), unknown.end(), "MORI_TIMEOUT_SEC"), unknown.end());
+  for (const auto& name : unknown) EXPECT_NE(name, "MORI_TIMEOUT_S");
+}
+
+TEST(Env, EveryRegisteredVariableHasAMeaningAndAValidDefault) {
+  for (const auto& info : EnvRegistry()) {
+    EXPECT_EQ(std::string(info.name).rfind("MORI_", 0), 0u) << info.name;
+    EXPECT_GT(std::string(info.meaning).size(), 10u) << info.name;
+    if (info.type == EnvType::Choice) {
+      std::string choices = std::string("|") + info.choices + "|";
+      EXPECT_NE(choices.find(std::string("|") + info.defaultValue + "|"), std::string::npos) << info.name;
+    }
+    if (info.type == EnvType::Int && info.defaultValue[0] != '\0') {
+      EXPECT_NO_THROW(ParseInt(info.defaultValue, info.name));
+    }
+  }
+}
+
+TEST(Env, SizesTakeBinarySuffixes) {
+  EXPECT_EQ(ParseSize("4096", "x"), 4096u);
+  EXPECT_EQ(ParseSize("16k", "x"), 16u << 10);
+  EXPECT_EQ(ParseSize("16K", "x"), 16u << 10);
+  EXPECT_EQ(ParseSize("3m", "x"), 3ull << 20);
+  EXPECT_EQ(ParseSize("2g", "x"), 2ull << 30);
+  EXPECT_EQ(ParseSize("2GiB", "x"), 2ull << 30);
+  EXPECT_EQ(ParseSize("1t", "x"), 1ull << 40);
+  EXPECT_THROW(ParseSize("", "x"), Error);
+  EXPECT_THROW(ParseSize("-1", "x"), Error);
+  EXPECT_THROW(ParseSize("12q", "x"), Error);
+  EXPECT_THROW(ParseSize("99999999999999999999", "x"), Error);
+  EXPECT_THROW(ParseSize("20000000000t", "x"), Error);  // overflows 64 bits after the shift
+}
+
+}  // namespace
+}  // namespace mori

@@ -1,0 +1,102 @@
+// The error regime (codes, messages with location) and the logger (levels, subsystems, rank tag).
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <fcntl.h>
+
+#include "../common/test_util.hpp"
+#include "mori/core/errors.hpp"
+#include "mori/core/gpu.hpp"
+#include "mori/core/logging.hpp"
+
+namespace mori {
+namespace {
+
+TEST(Errors, ThrowCarriesCodeMessageAndLocation) {
+  try {
+    MORI_THROW(ErrorCode::InvalidUsage, "rank %d is outside [0, %d)", 9, 4);
+    FAIL();
+  } catch (const Error& e) {
+    std::string what = e.what();
+    EXPECT_EQ(e.Code(), ErrorCode::InvalidUsage);
+    EXPECT_NE(what.find("invalid usage"), std::string::npos) << what;
+    EXPECT_NE(what.find("rank 9 is outside [0, 4)"), std::string::npos) << what;
+    EXPECT_NE(what.find("errors_logging_test.cpp:"), std::string::npos) << what;
+  }
+}
+
+TEST(Errors, SysErrorKeepsErrnoAndNamesTheCall) {
+  try {
+    MORI_CHECK_SYS(open("/nonexistent/mori/file", O_RDONLY));
+    FAIL();
+  } catch (const SysError& e) {
+    EXPECT_EQ(e.Errno(), ENOENT);
+    EXPECT_EQ(e.Code(), ErrorCode::System);
+    std::string what = e.what();
+    EXPECT_NE(what.find("open(\"/nonexistent/mori/file\", O_RDONLY) failed"), std::string::npos) << what;
+    EXPECT_NE(what.find("No such file"), std::string::npos) << what;
+  }
+}
+
+TEST(Errors, GpuErrorNamesTheRuntimeCall) {
+  try {
+    MORI_CHECK_GPU(GpuSetDevice(-7));
+    FAIL();
+  } catch (const GpuError& e) {
+    EXPECT_NE(e.Status(), 0);
+    EXPECT_NE(std::string(e.what()).find("GpuSetDevice(-7) failed"), std::string::npos) << e.what();
+  }
+  (void)GpuGetLastError();
+}
+
+TEST(Errors, CheckPassesWhenTrue) {
+  EXPECT_NO_THROW(MORI_CHECK(1 + 1 == 2, ErrorCode::Internal, "arithmetic"));
+  EXPECT_THROW(MORI_CHECK(false, ErrorCode::Internal, "always"), Error);
+}
+
+TEST(Logging, LevelsAndSubsystemsFilter) {
+  {
+    test::ScopedEnv level("MORI_LOG_LEVEL", "info");
+    test::ScopedEnv subsys("MORI_LOG_SUBSYS", "bootstrap,ipc");
+    ReloadLogSettings();
+    EXPECT_TRUE(LogEnabled(LogLevel::Info, LogSubsys::Bootstrap));
+    EXPECT_TRUE(LogEnabled(LogLevel::Warn, LogSubsys::Ipc));
+    EXPECT_FALSE(LogEnabled(LogLevel::Info, LogSubsys::Rdma));
+    EXPECT_FALSE(LogEnabled(LogLevel::Debug, LogSubsys::Bootstrap));
+    EXPECT_TRUE(LogEnabled(LogLevel::Error, LogSubsys::Rdma));  // errors ignore the subsystem filter
+  }
+  {
+    test::ScopedEnv level("MORI_LOG_LEVEL", "trace");
+    test::ScopedEnv subsys("MORI_LOG_SUBSYS", "^rdma");
+    ReloadLogSettings();
+    EXPECT_TRUE(LogEnabled(LogLevel::Trace, LogSubsys::Core));
+    EXPECT_FALSE(LogEnabled(LogLevel::Warn, LogSubsys::Rdma));
+  }
+  ReloadLogSettings();
+}
+
+TEST(Logging, LinesCarryLevelRankAndSubsystem) {
+  test::ScopedEnv level("MORI_LOG_LEVEL", "info");
+  ReloadLogSettings();
+  SetLogRank(5);
+  testing::internal::CaptureStderr();
+  MORI_LOG_INFO(Shmem, "heap of %d MiB", 64);
+  std::string line = testing::internal::GetCapturedStderr();
+  SetLogRank(-1);
+  EXPECT_NE(line.find("[mori INFO rank 5 "), std::string::npos) << line;
+  EXPECT_NE(line.find(" shmem] heap of 64 MiB\n"), std::string::npos) << line;
+  ReloadLogSettings();
+}
+
+TEST(Logging, AMalformedLevelFallsBackWithAWarning) {
+  test::ScopedEnv level("MORI_LOG_LEVEL", "loud");
+  testing::internal::CaptureStderr();
+  ReloadLogSettings();
+  std::string out = testing::internal::GetCapturedStderr();
+  EXPECT_NE(out.find("MORI_LOG_LEVEL='loud'"), std::string::npos) << out;
+  EXPECT_TRUE(LogEnabled(LogLevel::Warn, LogSubsys::Core));
+  EXPECT_FALSE(LogEnabled(LogLevel::Info, LogSubsys::Core));
+}
+
+}  // namespace
+}  // namespace mori

@@ -1,0 +1,127 @@
+// GpuBuffer allocation on the backend in use, export of ranges for IPC, and the validation of handles.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "../common/test_util.hpp"
+#include "mori/core/errors.hpp"
+#include "mori/core/gpu.hpp"
+#include "mori/core/gpu_buffer.hpp"
+#include "mori/core/ipc_memory.hpp"
+
+namespace mori {
+namespace {
+
+class GpuBufferTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (GpuGetDeviceCount(&n) != kGpuSuccess || n == 0) GTEST_SKIP() << "no GPU visible to the " MORI_BACKEND_NAME " backend";
+  }
+};
+
+void RoundTrip(GpuBuffer& buf, int seed) {
+  std::vector<uint8_t> in(buf.Bytes()), out(buf.Bytes());
+  test::FillPattern(in.data(), in.size(), seed);
+  ASSERT_EQ(GpuMemcpy(buf.Data(), in.data(), in.size()), kGpuSuccess);
+  ASSERT_EQ(GpuMemcpy(out.data(), buf.Data(), out.size()), kGpuSuccess);
+  EXPECT_EQ(test::FirstPatternMismatch(out.data(), out.size(), seed), out.size());
+}
+
+TEST_F(GpuBufferTest, DeviceAndHostPinnedMemoryHoldData) {
+  GpuBuffer dev(3 * 4096 + 17);
+  EXPECT_EQ(dev.Type(), MemoryType::Device);
+  EXPECT_EQ(dev.Bytes(), 3u * 4096 + 17);
+  EXPECT_TRUE(dev.Shareable()) << dev.AllocatorName();
+  RoundTrip(dev, 1);
+  GpuBuffer pinned(5000, MemoryType::HostPinned);
+  EXPECT_EQ(pinned.Type(), MemoryType::HostPinned);
+  test::FillPattern(pinned.Data(), pinned.Bytes(), 2);  // host-addressable
+  EXPECT_EQ(test::FirstPatternMismatch(pinned.Data(), pinned.Bytes(), 2), pinned.Bytes());
+  RoundTrip(pinned, 3);
+}
+
+TEST_F(GpuBufferTest, MoveTransfersOwnership) {
+  GpuBuffer a(1024);
+  void* p = a.Data();
+  GpuBuffer b(std::move(a));
+  EXPECT_EQ(a.Data(), nullptr);
+  EXPECT_EQ(b.Data(), p);
+  GpuBuffer c;
+  c = std::move(b);
+  EXPECT_EQ(c.Data(), p);
+  EXPECT_EQ(c.Bytes(), 1024u);
+  EXPECT_THROW(GpuBuffer(0), Error);
+}
+
+TEST_F(GpuBufferTest, ExportedRangeMapsAgainInThisProcess) {
+  GpuBuffer buf(1 << 20);
+  UniqueFd fd;
+  char* inside = static_cast<char*>(buf.Data()) + 4096;
+  IpcMemoryHandle h = ExportIpcMemory(inside, 8192, &fd);
+  EXPECT_EQ(h.offset, 4096u);
+  EXPECT_EQ(h.bytes, 8192u);
+  EXPECT_GE(h.allocationBytes, buf.Bytes());
+  auto kind = static_cast<IpcMemoryKind>(h.kind);
+  if (kind != IpcMemoryKind::HostMemfd && kind != IpcMemoryKind::CudaVmm) {
+    GTEST_SKIP() << IpcMemoryKindName(kind) << " handles cannot be opened by the process that made them";
+  }
+  ASSERT_TRUE(fd.Valid());
+  auto mapping = IpcMemoryMapping::Import(h, std::move(fd));
+  ASSERT_NE(mapping->Data(), static_cast<void*>(inside)) << "a second mapping, not the same address";
+  std::vector<uint8_t> pattern(8192), back(8192);
+  test::FillPattern(pattern.data(), pattern.size(), 11);
+  ASSERT_EQ(GpuMemcpy(mapping->Data(), pattern.data(), pattern.size()), kGpuSuccess);  // write through the alias
+  ASSERT_EQ(GpuMemcpy(back.data(), inside, back.size()), kGpuSuccess);                 // read through the original
+  EXPECT_EQ(test::FirstPatternMismatch(back.data(), back.size(), 11), back.size());
+}
+
+TEST_F(GpuBufferTest, ExportRefusesMemoryThatIsNotShareable) {
+  int onStack = 0;
+  UniqueFd fd;
+  EXPECT_THROW(ExportIpcMemory(&onStack, sizeof(onStack), &fd), Error);
+  GpuBuffer buf(4096);
+  try {
+    ExportIpcMemory(static_cast<char*>(buf.Data()) + 100, buf.Bytes() * 1024, &fd);
+    FAIL() << "a range past the allocation was exported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.Code(), ErrorCode::InvalidUsage);
+    EXPECT_NE(std::string(e.what()).find("runs past the end"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ExportIpcMemory(nullptr, 10, &fd), Error);
+  EXPECT_THROW(ExportIpcMemory(buf.Data(), 0, &fd), Error);
+}
+
+TEST_F(GpuBufferTest, MalformedHandlesAreRefusedWithoutMapping) {
+  GpuBuffer buf(1 << 16);
+  UniqueFd fd;
+  IpcMemoryHandle good = ExportIpcMemory(buf.Data(), buf.Bytes(), &fd);
+  bool needsFd = fd.Valid();
+  auto expectProtocolError = [&](IpcMemoryHandle h, bool withFd, const char* what) {
+    UniqueFd f;
+    if (withFd && needsFd) f.Reset(dup(fd.Get()));
+    try {
+      IpcMemoryMapping::Import(h, std::move(f));
+      ADD_FAILURE() << what << ": imported";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.Code(), ErrorCode::Protocol) << what << ": " << e.what();
+    }
+  };
+  IpcMemoryHandle h = good;
+  h.magic ^= 1;
+  expectProtocolError(h, true, "bad magic");
+  h = good;
+  h.offset = h.allocationBytes;
+  expectProtocolError(h, true, "offset at the end");
+  h = good;
+  h.bytes = h.allocationBytes + 1;
+  expectProtocolError(h, true, "bytes beyond the allocation");
+  h = good;
+  h.kind = 99;
+  expectProtocolError(h, needsFd, "unknown kind");
+  if (needsFd) expectProtocolError(good, false, "descriptor missing");
+}
+
+}  // namespace
+}  // namespace mori

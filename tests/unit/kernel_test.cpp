@@ -1,0 +1,187 @@
+// Kernels written once with kernel.hpp, run on the backend in use (host threads on HOST, the GPU on
+// CUDA/HIP): indices, block barriers, dynamic shared memory, asynchronous launch, events, traps.
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "mori/core/atomic.hpp"
+#include "mori/core/device_assert.hpp"
+#include "mori/core/gpu.hpp"
+#include "mori/core/kernel.hpp"
+
+namespace mori {
+namespace {
+
+MORI_GLOBAL void WriteGlobalIndex(uint32_t* out) {
+  unsigned gid = GlobalThreadIdx();
+  out[gid] = gid * 3u + 1u;
+}
+
+MORI_GLOBAL void WriteCoordinates(uint32_t* out) {
+  unsigned gid = GlobalThreadIdx();
+  out[gid] = (BlockIdxX() << 24) | (BlockIdxY() << 16) | (ThreadIdxX() << 8) | ThreadIdxY();
+}
+
+// Every thread publishes a value in shared memory, waits at the barrier, then reads its neighbour's.
+MORI_GLOBAL void NeighbourThroughSharedMemory(uint32_t* out) {
+  uint32_t* shared = DynamicSharedMemory<uint32_t>();
+  unsigned t = FlatThreadIdx();
+  shared[t] = (BlockIdxX() + 1) * 1000u + t;
+  SyncThreads();
+  unsigned neighbour = (t + 1) % FlatBlockDim();
+  uint32_t v = shared[neighbour];
+  SyncThreads();
+  shared[t] = v + 1;  // a second phase, checked against the first
+  SyncThreads();
+  out[GlobalThreadIdx()] = shared[(t + FlatBlockDim() - 1) % FlatBlockDim()];
+}
+
+MORI_GLOBAL void WaitForHostFlag(const uint32_t* flag, uint32_t* out, uint64_t timeoutNs) {
+  SpinDeadline deadline(timeoutNs);
+  while (AtomicLoad<MemoryOrder::Acquire>(flag) == 0) {
+    MORI_DEVICE_ASSERT(!deadline.Expired(), "block %u waited %llu ns for the host flag", BlockIdxX(),
+                       static_cast<unsigned long long>(timeoutNs));
+    SpinPause();
+  }
+  out[GlobalThreadIdx()] = 0xC0FFEEu + GlobalThreadIdx();
+}
+
+MORI_GLOBAL void TrapInOneThread(uint32_t* out, unsigned victim) {
+  if (GlobalThreadIdx() == victim) {
+    MORI_DEVICE_ASSERT(victim == 12345u, "thread %u trips on purpose", victim);
+  }
+  SyncThreads();  // the others wait here for a thread that never comes: the trap must end them too
+  out[GlobalThreadIdx()] = 1;
+}
+
+class Kernel : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (GpuGetDeviceCount(&n) != kGpuSuccess || n == 0) GTEST_SKIP() << "no GPU visible to the " MORI_BACKEND_NAME " backend";
+  }
+
+  std::vector<uint32_t> Run(void (*kernel)(uint32_t*), Dim3 grid, Dim3 block, size_t shared = 0) {
+    size_t n = size_t(grid.x) * grid.y * block.x * block.y;
+    uint32_t* dev = nullptr;
+    EXPECT_EQ(GpuMalloc(reinterpret_cast<void**>(&dev), n * 4), kGpuSuccess);
+    EXPECT_EQ(GpuMemset(dev, 0xff, n * 4), kGpuSuccess);
+    LaunchKernel(kernel, grid, block, shared, nullptr, dev);
+    EXPECT_EQ(GpuGetLastError(), kGpuSuccess);
+    EXPECT_EQ(GpuDeviceSynchronize(), kGpuSuccess);
+    std::vector<uint32_t> host(n);
+    EXPECT_EQ(GpuMemcpy(host.data(), dev, n * 4), kGpuSuccess);
+    EXPECT_EQ(GpuFree(dev), kGpuSuccess);
+    return host;
+  }
+};
+
+TEST_F(Kernel, EveryThreadRunsOnceWithItsIndex) {
+  auto out = Run(WriteGlobalIndex, Dim3(4), Dim3(32));
+  for (uint32_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], i * 3 + 1) << "thread " << i;
+}
+
+TEST_F(Kernel, TwoDimensionalGridsAndBlocks) {
+  auto out = Run(WriteCoordinates, Dim3(3, 2), Dim3(4, 2));
+  size_t i = 0;
+  for (unsigned by = 0; by < 2; ++by) {
+    for (unsigned bx = 0; bx < 3; ++bx) {
+      for (unsigned ty = 0; ty < 2; ++ty) {
+        for (unsigned tx = 0; tx < 4; ++tx, ++i) {
+          EXPECT_EQ(out[i], (bx << 24) | (by << 16) | (tx << 8) | ty) << "slot " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(Kernel, BlockBarrierAndDynamicSharedMemory) {
+  constexpr unsigned kBlock = 16;
+  auto out = Run(NeighbourThroughSharedMemory, Dim3(3), Dim3(kBlock), kBlock * sizeof(uint32_t));
+  for (unsigned b = 0; b < 3; ++b) {
+    for (unsigned t = 0; t < kBlock; ++t) {
+      // Phase 2 stored neighbour(t)+1 at t; thread t reads slot t-1, which holds value of thread t.
+      uint32_t expect = (b + 1) * 1000u + t + 1;
+      EXPECT_EQ(out[b * kBlock + t], expect) << "block " << b << " thread " << t;
+    }
+  }
+}
+
+TEST_F(Kernel, LaunchIsAsynchronousAndSeesHostWritesThroughMappedMemory) {
+  uint32_t* flag = nullptr;
+  ASSERT_EQ(GpuHostAllocMapped(reinterpret_cast<void**>(&flag), sizeof(uint32_t)), kGpuSuccess);
+  *flag = 0;
+  uint32_t* devFlag = nullptr;
+  ASSERT_EQ(GpuHostGetDevicePointer(reinterpret_cast<void**>(&devFlag), flag), kGpuSuccess);
+  uint32_t* out = nullptr;
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&out), 8 * sizeof(uint32_t)), kGpuSuccess);
+  GpuStream stream;
+  ASSERT_EQ(GpuStreamCreate(&stream), kGpuSuccess);
+  GpuEvent start, stop;
+  ASSERT_EQ(GpuEventCreate(&start), kGpuSuccess);
+  ASSERT_EQ(GpuEventCreate(&stop), kGpuSuccess);
+  ASSERT_EQ(GpuEventRecord(start, stream), kGpuSuccess);
+  LaunchKernel(WaitForHostFlag, Dim3(2), Dim3(4), 0, stream, devFlag, out, uint64_t{30'000'000'000});
+  ASSERT_EQ(GpuEventRecord(stop, stream), kGpuSuccess);
+  // The kernel cannot finish before the flag is raised, so the stream must still be busy.
+  EXPECT_EQ(GpuStreamQuery(stream), kGpuErrorNotReady);
+  AtomicStore<MemoryOrder::Release>(flag, 1u);
+  ASSERT_EQ(GpuStreamSynchronize(stream), kGpuSuccess);
+  float ms = -1;
+  ASSERT_EQ(GpuEventElapsedTime(&ms, start, stop), kGpuSuccess);
+  EXPECT_GE(ms, 0.0f);
+  std::vector<uint32_t> host(8);
+  ASSERT_EQ(GpuMemcpy(host.data(), out, 8 * sizeof(uint32_t)), kGpuSuccess);
+  for (uint32_t i = 0; i < 8; ++i) EXPECT_EQ(host[i], 0xC0FFEEu + i);
+  EXPECT_EQ(GpuEventDestroy(start), kGpuSuccess);
+  EXPECT_EQ(GpuEventDestroy(stop), kGpuSuccess);
+  EXPECT_EQ(GpuStreamDestroy(stream), kGpuSuccess);
+  EXPECT_EQ(GpuFree(out), kGpuSuccess);
+  EXPECT_EQ(GpuFreeHost(flag), kGpuSuccess);
+}
+
+TEST_F(Kernel, ABoundedWaitThatRunsOutTrapsAndFailsTheLaunch) {
+  uint32_t* flag = nullptr;
+  uint32_t* out = nullptr;
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&flag), 4), kGpuSuccess);
+  ASSERT_EQ(GpuMemset(flag, 0, 4), kGpuSuccess);
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&out), 4 * 4), kGpuSuccess);
+  testing::internal::CaptureStderr();
+  LaunchKernel(WaitForHostFlag, Dim3(1), Dim3(4), 0, nullptr, flag, out, uint64_t{50'000'000});
+  GpuStatus s = GpuDeviceSynchronize();
+  std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(s, kGpuSuccess) << "a trapped kernel must report an error";
+#if MORI_BACKEND_HOST
+  EXPECT_NE(log.find("waited 50000000 ns for the host flag"), std::string::npos) << log;
+  (void)GpuFree(flag);
+  (void)GpuFree(out);
+#endif
+}
+
+TEST_F(Kernel, ATrapEndsThreadsWaitingAtABarrier) {
+  uint32_t* out = nullptr;
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&out), 8 * 4), kGpuSuccess);
+  testing::internal::CaptureStderr();
+  LaunchKernel(TrapInOneThread, Dim3(1), Dim3(8), 0, nullptr, out, 3u);
+  GpuStatus s = GpuDeviceSynchronize();
+  std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(s, kGpuSuccess);
+#if MORI_BACKEND_HOST
+  EXPECT_NE(log.find("thread 3 trips on purpose"), std::string::npos) << log;
+  (void)GpuFree(out);
+#endif
+}
+
+TEST_F(Kernel, InvalidConfigurationIsReported) {
+  uint32_t* out = nullptr;
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&out), 4), kGpuSuccess);
+  (void)GpuGetLastError();
+  LaunchKernel(WriteGlobalIndex, Dim3(1), Dim3(4096), 0, nullptr, out);  // above every backend's block limit
+  EXPECT_NE(GpuGetLastError(), kGpuSuccess);
+  EXPECT_EQ(GpuGetLastError(), kGpuSuccess) << "the error is reported once";
+  EXPECT_EQ(GpuDeviceSynchronize(), kGpuSuccess);
+  EXPECT_EQ(GpuFree(out), kGpuSuccess);
+}
+
+}  // namespace
+}  // namespace mori

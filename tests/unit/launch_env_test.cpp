@@ -1,0 +1,118 @@
+// Reading the launch environment: mori's variables, torchrun's, mpirun's, and the errors for partial or
+// inconsistent settings.
+#include <gtest/gtest.h>
+
+#include "../common/test_util.hpp"
+#include "mori/core/errors.hpp"
+#include "mori/core/launch.hpp"
+
+namespace mori {
+namespace {
+
+using test::ScopedEnv;
+
+// Clears every launcher variable for the duration of a test.
+struct CleanLaunchEnv {
+  ScopedEnv a{"MORI_RANK", nullptr}, b{"MORI_WORLD_SIZE", nullptr}, c{"MORI_BOOTSTRAP_ADDR", nullptr},
+      d{"RANK", nullptr}, e{"WORLD_SIZE", nullptr}, f{"MASTER_ADDR", nullptr}, g{"MASTER_PORT", nullptr},
+      h{"OMPI_COMM_WORLD_RANK", nullptr}, i{"OMPI_COMM_WORLD_SIZE", nullptr}, j{"PMI_RANK", nullptr},
+      k{"PMI_SIZE", nullptr};
+};
+
+void ExpectInvalid(const char* needle) {
+  try {
+    DetectLaunchEnvironment();
+    ADD_FAILURE() << "no error; expected one mentioning " << needle;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.Code(), ErrorCode::InvalidUsage);
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(LaunchEnv, NoLauncherIsAJobOfOne) {
+  CleanLaunchEnv clean;
+  LaunchEnvironment env = DetectLaunchEnvironment();
+  EXPECT_EQ(env.launcher, Launcher::Single);
+  EXPECT_EQ(env.rank, 0);
+  EXPECT_EQ(env.worldSize, 1);
+  auto bootstrap = CreateBootstrapFromEnvironment(5);
+  EXPECT_EQ(bootstrap->GetNranks(), 1);
+  bootstrap->Barrier();
+}
+
+TEST(LaunchEnv, MoriVariables) {
+  CleanLaunchEnv clean;
+  ScopedEnv r("MORI_RANK", "3"), w("MORI_WORLD_SIZE", "4"), a("MORI_BOOTSTRAP_ADDR", "10.0.0.1:9000");
+  LaunchEnvironment env = DetectLaunchEnvironment();
+  EXPECT_EQ(env.launcher, Launcher::Mori);
+  EXPECT_EQ(env.rank, 3);
+  EXPECT_EQ(env.worldSize, 4);
+  EXPECT_EQ(env.rootAddress, "10.0.0.1:9000");
+  EXPECT_NE(env.Describe().find("rank 3 of 4"), std::string::npos);
+}
+
+TEST(LaunchEnv, MoriVariablesMustBeComplete) {
+  CleanLaunchEnv clean;
+  {
+    ScopedEnv r("MORI_RANK", "1");
+    ExpectInvalid("MORI_WORLD_SIZE");
+  }
+  {
+    ScopedEnv r("MORI_RANK", "1"), w("MORI_WORLD_SIZE", "2");
+    ExpectInvalid("MORI_BOOTSTRAP_ADDR");
+  }
+  {
+    ScopedEnv r("MORI_RANK", "2"), w("MORI_WORLD_SIZE", "2"), a("MORI_BOOTSTRAP_ADDR", "1.2.3.4:5");
+    ExpectInvalid("outside");
+  }
+  {
+    ScopedEnv r("MORI_RANK", "x"), w("MORI_WORLD_SIZE", "2"), a("MORI_BOOTSTRAP_ADDR", "1.2.3.4:5");
+    ExpectInvalid("MORI_RANK='x'");
+  }
+}
+
+TEST(LaunchEnv, TorchrunVariables) {
+  CleanLaunchEnv clean;
+  ScopedEnv r("RANK", "1"), w("WORLD_SIZE", "8"), a("MASTER_ADDR", "10.9.8.7"), p("MASTER_PORT", "29500");
+  LaunchEnvironment env = DetectLaunchEnvironment();
+  EXPECT_EQ(env.launcher, Launcher::Torchrun);
+  EXPECT_EQ(env.rank, 1);
+  EXPECT_EQ(env.worldSize, 8);
+  EXPECT_EQ(env.rootAddress, "10.9.8.7:29501") << "torchrun's store holds MASTER_PORT itself";
+  ScopedEnv v6("MASTER_ADDR", "fd00::5");
+  EXPECT_EQ(DetectLaunchEnvironment().rootAddress, "[fd00::5]:29501");
+  ScopedEnv explicitAddr("MORI_BOOTSTRAP_ADDR", "10.9.8.7:4000");
+  EXPECT_EQ(DetectLaunchEnvironment().rootAddress, "10.9.8.7:4000");
+}
+
+TEST(LaunchEnv, TorchrunNeedsMaster) {
+  CleanLaunchEnv clean;
+  ScopedEnv r("RANK", "0"), w("WORLD_SIZE", "2");
+  ExpectInvalid("MASTER_ADDR");
+  ScopedEnv a("MASTER_ADDR", "10.0.0.1"), p("MASTER_PORT", "99999");
+  ExpectInvalid("MASTER_PORT");
+}
+
+TEST(LaunchEnv, MoriVariablesWinOverTorchrunAndMpirun) {
+  CleanLaunchEnv clean;
+  ScopedEnv r("RANK", "1"), w("WORLD_SIZE", "2"), o("OMPI_COMM_WORLD_RANK", "1"), s("OMPI_COMM_WORLD_SIZE", "2"),
+      a("MASTER_ADDR", "10.0.0.1"), p("MASTER_PORT", "29500");
+  EXPECT_EQ(DetectLaunchEnvironment().launcher, Launcher::Torchrun);
+  ScopedEnv mr("MORI_RANK", "0"), mw("MORI_WORLD_SIZE", "1");
+  EXPECT_EQ(DetectLaunchEnvironment().launcher, Launcher::Mori);
+}
+
+TEST(LaunchEnv, MpirunVariables) {
+  CleanLaunchEnv clean;
+  ScopedEnv o("OMPI_COMM_WORLD_RANK", "2"), s("OMPI_COMM_WORLD_SIZE", "4");
+  LaunchEnvironment env = DetectLaunchEnvironment();
+  EXPECT_EQ(env.launcher, Launcher::Mpi);
+  EXPECT_EQ(env.rank, 2);
+  EXPECT_EQ(env.worldSize, 4);
+  EXPECT_TRUE(env.rootAddress.empty()) << "MPI itself is the bootstrap";
+  ScopedEnv bad("OMPI_COMM_WORLD_RANK", "4");
+  ExpectInvalid("OMPI_COMM_WORLD_RANK=4");
+}
+
+}  // namespace
+}  // namespace mori
