@@ -106,6 +106,9 @@ LaunchEnvironment DetectLaunchEnvironment() {
 std::shared_ptr<Bootstrap> CreateBootstrapFromEnvironment(double timeoutSeconds) {
   LaunchEnvironment env = DetectLaunchEnvironment();
   MORI_LOG_INFO(Bootstrap, "launch environment: %s", env.Describe().c_str());
+  for (const auto& name : UnknownMoriEnvVars()) {
+    MORI_LOG_WARN(Core, "%s is set but is not a mori variable (a typo? mori-info lists them all)", name.c_str());
+  }
   if (env.launcher == Launcher::Mpi && env.rootAddress.empty()) {
 #if MORI_HAS_MPI
     int initialized = 0;

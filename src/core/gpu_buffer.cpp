@@ -105,6 +105,7 @@ bool UseCudaVmm(int device) {
 }
 
 void* AllocateCudaVmm(size_t bytes, int device, size_t* allocationBytes) {
+  cuda::EnsureContext();
   const cuda::Driver& d = cuda::Driver::Get();
   CUdevice dev;
   MORI_CHECK_CU(d.deviceGet(&dev, device));

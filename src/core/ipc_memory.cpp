@@ -68,6 +68,7 @@ IpcMemoryHandle ExportIpcMemory(const void* ptr, size_t bytes, UniqueFd* fd) {
   fd->Reset(dup);
   return NewHandle(IpcMemoryKind::HostMemfd, 0, rec->bytes, p - rec->base, bytes);
 #elif MORI_BACKEND_CUDA
+  cuda::EnsureContext();
   const cuda::Driver& d = cuda::Driver::Get();
   CUdeviceptr base = 0;
   size_t size = 0;
@@ -140,6 +141,7 @@ std::unique_ptr<IpcMemoryMapping> IpcMemoryMapping::Import(const IpcMemoryHandle
     }
 #elif MORI_BACKEND_CUDA
     case IpcMemoryKind::CudaVmm: {
+      cuda::EnsureContext();
       const cuda::Driver& d = cuda::Driver::Get();
       int device = 0;
       MORI_CHECK_GPU(GpuGetDevice(&device));

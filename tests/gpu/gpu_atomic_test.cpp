@@ -1,6 +1,6 @@
-// Atomics of atomic.hpp from GPU threads and a host thread at the same time, on the same words of
-// host-pinned memory mapped into the GPU (system scope), and from many GPU threads on device memory
-// (device scope). On HOST the "GPU threads" are host threads and the test runs the same way.
+// Atomics of atomic.hpp from GPU threads and a host thread at the same time on host-pinned memory mapped
+// into the GPU (system scope), and from many GPU threads on device memory (device scope). On HOST the
+// "GPU threads" are host threads and the test runs the same way.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -21,28 +21,67 @@ namespace {
 #if MORI_BACKEND_HOST
 constexpr unsigned kBlocks = 4, kThreads = 32, kIters = 500;
 #else
-constexpr unsigned kBlocks = 64, kThreads = 256, kIters = 2000;
+constexpr unsigned kBlocks = 8, kThreads = 64, kIters = 100;  // system-scope atomics cross PCIe: slow
 #endif
 constexpr unsigned kHostIters = 200000;
+constexpr uint32_t kRounds = 2000;
+constexpr unsigned kPayloadWords = 8;
 
+// Words of mapped host memory that GPU threads and a host thread use at the same time. They share cache
+// lines on purpose. Each read-modify-written word has one kind of writer (GPU or host), which is what
+// every platform guarantees; RmwShared below is the word both modify, valid only with native host atomics.
 struct Shared {
-  uint64_t counter;     // fetch-add by everybody
-  uint64_t casCounter;  // compare-and-swap increments by everybody
-  uint32_t started;     // GPU threads that have begun, so the host overlaps with them
+  uint64_t gpuCounter;   // fetch-add by GPU threads
+  uint64_t gpuCas;       // compare-and-swap increments by GPU threads
+  uint64_t hostCounter;  // fetch-add by the host thread
+  uint32_t started;      // GPU threads that have begun
+  uint32_t mailbox;      // host -> GPU: round number, released after the payload
+  uint32_t echo;         // GPU -> host: round number, released after the GPU has checked the payload
+  uint32_t mismatches;   // payload words the GPU found wrong
+  uint64_t payload[kPayloadWords];
 };
 
-MORI_GLOBAL void HammerSystemScope(Shared* s, uint32_t* tickets, uint64_t ticketCount) {
+struct RmwShared {
+  uint64_t counter;  // fetch-add by everybody
+  uint64_t cas;      // compare-and-swap increments by the GPU, fetch-add by the host
+};
+
+MORI_DEVICE_INLINE void CasIncrement(uint64_t* word) {
+  uint64_t seen = AtomicLoad<MemoryOrder::Relaxed, Scope::System>(word);
+  while (true) {
+    uint64_t found = AtomicCompareExchange<MemoryOrder::AcqRel, Scope::System>(word, seen, seen + 1);
+    if (found == seen) break;
+    seen = found;
+  }
+}
+
+MORI_GLOBAL void GpuSideOfTheLine(Shared* s, uint64_t timeoutNs) {
   AtomicFetchAdd<MemoryOrder::Relaxed, Scope::System>(&s->started, 1u);
   for (unsigned i = 0; i < kIters; ++i) {
-    uint64_t t = AtomicFetchAdd<MemoryOrder::AcqRel, Scope::System>(&s->counter, uint64_t{1});
-    // Each ticket value is handed out once: mark it; a second mark would show as 2.
-    if (t < ticketCount) AtomicFetchAdd<MemoryOrder::Relaxed, Scope::System>(&tickets[t], 1u);
-    uint64_t seen = AtomicLoad<MemoryOrder::Relaxed, Scope::System>(&s->casCounter);
-    while (true) {
-      uint64_t found = AtomicCompareExchange<MemoryOrder::AcqRel, Scope::System>(&s->casCounter, seen, seen + 1);
-      if (found == seen) break;
-      seen = found;
+    AtomicFetchAdd<MemoryOrder::Relaxed, Scope::System>(&s->gpuCounter, uint64_t{1});
+    CasIncrement(&s->gpuCas);
+  }
+  if (GlobalThreadIdx() != 0) return;
+  // Message passing with the host, round after round, while everybody else hammers the same lines.
+  for (uint32_t round = 1; round <= kRounds; ++round) {
+    SpinDeadline deadline(timeoutNs);
+    while (AtomicLoad<MemoryOrder::Acquire, Scope::System>(&s->mailbox) != round) {
+      MORI_DEVICE_ASSERT(!deadline.Expired(), "GPU waited for round %u from the host", round);
+      SpinPause();
     }
+    for (unsigned w = 0; w < kPayloadWords; ++w) {
+      if (AtomicLoad<MemoryOrder::Relaxed, Scope::System>(&s->payload[w]) != uint64_t(round) * 1000 + w) {
+        AtomicFetchAdd<MemoryOrder::Relaxed, Scope::System>(&s->mismatches, 1u);
+      }
+    }
+    AtomicStore<MemoryOrder::Release, Scope::System>(&s->echo, round);
+  }
+}
+
+MORI_GLOBAL void HammerOneWord(RmwShared* s) {
+  for (unsigned i = 0; i < kIters; ++i) {
+    AtomicFetchAdd<MemoryOrder::AcqRel, Scope::System>(&s->counter, uint64_t{1});
+    CasIncrement(&s->cas);
   }
 }
 
@@ -69,41 +108,63 @@ class GpuAtomics : public ::testing::Test {
   }
 };
 
-TEST_F(GpuAtomics, GpuThreadsAndAHostThreadShareMappedCounters) {
-  const uint64_t gpuOps = uint64_t(kBlocks) * kThreads * kIters;
-  const uint64_t total = gpuOps + kHostIters;
-  GpuBuffer shared(sizeof(Shared), MemoryType::HostPinned);
-  GpuBuffer tickets(total * sizeof(uint32_t), MemoryType::HostPinned);
-  auto* s = shared.DataAs<Shared>();
+TEST_F(GpuAtomics, GpuThreadsAndAHostThreadAtOnceOnMappedLines) {
+  GpuBuffer buffer(sizeof(Shared), MemoryType::HostPinned);
+  auto* s = buffer.DataAs<Shared>();
   std::memset(s, 0, sizeof(Shared));
-  std::memset(tickets.Data(), 0, tickets.Bytes());
-  auto* t = tickets.DataAs<uint32_t>();
-
   GpuStream stream;
   ASSERT_EQ(GpuStreamCreate(&stream), kGpuSuccess);
-  LaunchKernel(HammerSystemScope, Dim3(kBlocks), Dim3(kThreads), 0, stream, s, t, total);
+  LaunchKernel(GpuSideOfTheLine, Dim3(kBlocks), Dim3(kThreads), 0, stream, s, uint64_t{60'000'000'000});
   ASSERT_EQ(GpuGetLastError(), kGpuSuccess);
-  // Start hammering once the GPU is hammering too, so the two really overlap.
   Deadline deadline = Deadline::After(60);
   while (AtomicLoad<MemoryOrder::Relaxed>(&s->started) == 0 && !deadline.Expired()) std::this_thread::yield();
-  EXPECT_GT(AtomicLoad(&s->started), 0u) << "the kernel never started";
-  uint64_t hostOverlap = 0;
+  ASSERT_GT(AtomicLoad(&s->started), 0u) << "the kernel never started";
+  // The host interleaves its own read-modify-writes with the message rounds.
+  unsigned hostDone = 0;
+  for (uint32_t round = 1; round <= kRounds; ++round) {
+    for (unsigned w = 0; w < kPayloadWords; ++w) AtomicStore<MemoryOrder::Relaxed>(&s->payload[w], uint64_t(round) * 1000 + w);
+    AtomicStore<MemoryOrder::Release>(&s->mailbox, round);
+    while (AtomicLoad<MemoryOrder::Acquire>(&s->echo) != round) {
+      ASSERT_FALSE(deadline.Expired()) << "the GPU never answered round " << round;
+      if (hostDone < kHostIters) {
+        AtomicFetchAdd(&s->hostCounter, uint64_t{1});
+        ++hostDone;
+      }
+    }
+  }
+  for (; hostDone < kHostIters; ++hostDone) AtomicFetchAdd(&s->hostCounter, uint64_t{1});
+  ASSERT_EQ(GpuStreamSynchronize(stream), kGpuSuccess);
+  const uint64_t gpuOps = uint64_t(kBlocks) * kThreads * kIters;
+  EXPECT_EQ(s->gpuCounter, gpuOps);
+  EXPECT_EQ(s->gpuCas, gpuOps);
+  EXPECT_EQ(s->hostCounter, kHostIters);
+  EXPECT_EQ(s->started, kBlocks * kThreads);
+  EXPECT_EQ(s->echo, kRounds);
+  EXPECT_EQ(s->mismatches, 0u) << "the GPU saw a round's flag before its payload";
+  EXPECT_EQ(GpuStreamDestroy(stream), kGpuSuccess);
+}
+
+TEST_F(GpuAtomics, GpuAndHostReadModifyWriteTheSameWord) {
+  int native = 0;
+  ASSERT_EQ(GpuDeviceHostNativeAtomics(&native, 0), kGpuSuccess);
+  if (!native) {
+    GTEST_SKIP() << "this platform's GPU-host link has no native atomics (HostNativeAtomicSupported = 0): GPU and "
+                    "CPU read-modify-writes of one host word are not atomic with respect to each other here";
+  }
+  GpuBuffer buffer(sizeof(RmwShared), MemoryType::HostPinned);
+  auto* s = buffer.DataAs<RmwShared>();
+  std::memset(s, 0, sizeof(RmwShared));
+  GpuStream stream;
+  ASSERT_EQ(GpuStreamCreate(&stream), kGpuSuccess);
+  LaunchKernel(HammerOneWord, Dim3(kBlocks), Dim3(kThreads), 0, stream, s);
   for (unsigned i = 0; i < kHostIters; ++i) {
-    uint64_t ticket = AtomicFetchAdd(&s->counter, uint64_t{1});
-    if (ticket < total) AtomicFetchAdd<MemoryOrder::Relaxed>(&t[ticket], 1u);
-    AtomicFetchAdd(&s->casCounter, uint64_t{1});
-    if (i == kHostIters / 2) hostOverlap = AtomicLoad(&s->counter);
+    AtomicFetchAdd(&s->counter, uint64_t{1});
+    AtomicFetchAdd(&s->cas, uint64_t{1});
   }
   ASSERT_EQ(GpuStreamSynchronize(stream), kGpuSuccess);
+  const uint64_t total = uint64_t(kBlocks) * kThreads * kIters + kHostIters;
   EXPECT_EQ(s->counter, total);
-  EXPECT_EQ(s->casCounter, total);
-  EXPECT_EQ(s->started, kBlocks * kThreads);
-  uint64_t bad = 0;
-  for (uint64_t i = 0; i < total; ++i) bad += t[i] != 1;
-  EXPECT_EQ(bad, 0u) << "tickets handed out zero or several times";
-  // Not an assertion on timing: a note of how much of the GPU's work overlapped the host's.
-  std::printf("counter halfway through the host loop: %llu of %llu\n", static_cast<unsigned long long>(hostOverlap),
-              static_cast<unsigned long long>(total));
+  EXPECT_EQ(s->cas, total);
   EXPECT_EQ(GpuStreamDestroy(stream), kGpuSuccess);
 }
 

@@ -47,6 +47,12 @@ inline GpuStatus GpuDeviceEnablePeerAccess(int peer) {
   }
   return s;
 }
+// Whether GPU atomics on host memory are atomic with respect to the CPU's (PCIe AtomicOps or a coherent
+// link). Without it, a word in mapped host memory may be read-modify-written by the GPU or by the host,
+// never by both.
+inline GpuStatus GpuDeviceHostNativeAtomics(int* supported, int dev) {
+  return cudaDeviceGetAttribute(supported, cudaDevAttrHostNativeAtomicSupported, dev);
+}
 inline GpuStatus GpuMalloc(void** p, size_t n) { return cudaMalloc(p, n); }
 inline GpuStatus GpuMallocUncached(void** p, size_t n) { return cudaMalloc(p, n); }
 inline GpuStatus GpuFree(void* p) { return cudaFree(p); }
@@ -108,6 +114,9 @@ inline GpuStatus GpuDeviceEnablePeerAccess(int peer) {
     return hipSuccess;
   }
   return s;
+}
+inline GpuStatus GpuDeviceHostNativeAtomics(int* supported, int dev) {
+  return hipDeviceGetAttribute(supported, hipDeviceAttributeHostNativeAtomicSupported, dev);
 }
 inline GpuStatus GpuMalloc(void** p, size_t n) { return hipMalloc(p, n); }
 // Flags and counters that other agents poll must bypass the GPU's non-coherent caches on AMD (HIP before
@@ -172,6 +181,7 @@ GpuStatus GpuDeviceGetName(char* buf, int len, int dev);
 GpuStatus GpuDeviceGetPciBusId(char* buf, int len, int dev);
 GpuStatus GpuDeviceCanAccessPeer(int* can, int dev, int peer);
 GpuStatus GpuDeviceEnablePeerAccess(int peer);
+GpuStatus GpuDeviceHostNativeAtomics(int* supported, int dev);
 GpuStatus GpuMalloc(void** p, size_t n);
 GpuStatus GpuMallocUncached(void** p, size_t n);
 GpuStatus GpuFree(void* p);

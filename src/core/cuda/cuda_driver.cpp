@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include "mori/core/gpu.hpp"
 #include "mori/core/logging.hpp"
 
 namespace mori::cuda {
@@ -44,9 +45,14 @@ const Driver& Driver::Get() {
     Load(driver.memImportFromShareableHandle, "cuMemImportFromShareableHandle");
     Load(driver.memRetainAllocationHandle, "cuMemRetainAllocationHandle");
     Load(driver.memGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle");
-    Load(driver.memGetAddressRange, "cuMemGetAddressRange_v2");
+    Load(driver.memGetAddressRange, "cuMemGetAddressRange");
   });
   return driver;
+}
+
+void EnsureContext() {
+  // cudaFree(nullptr) is the documented idiom that initialises the runtime and binds the context.
+  MORI_CHECK_GPU(cudaFree(nullptr));
 }
 
 bool VmmFdSupported(int device) {

@@ -30,6 +30,10 @@ struct Driver {
   static const Driver& Get();
 };
 
+// Makes the CUDA runtime's primary context of the current device current on this thread: driver calls
+// (address queries, imports) fail without one, and a thread that only allocated may not have it yet.
+void EnsureContext();
+
 // Can the current device export VMM allocations as POSIX file descriptors?
 bool VmmFdSupported(int device);
 

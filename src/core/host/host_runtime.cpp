@@ -303,6 +303,13 @@ GpuStatus GpuDeviceCanAccessPeer(int* can, int dev, int peer) {
 
 GpuStatus GpuDeviceEnablePeerAccess(int peer) { return peer == 0 ? kGpuSuccess : Fail(kGpuErrorInvalidDevice); }
 
+GpuStatus GpuDeviceHostNativeAtomics(int* supported, int dev) {
+  if (supported == nullptr) return Fail(kGpuErrorInvalidValue);
+  if (dev != 0) return Fail(kGpuErrorInvalidDevice);
+  *supported = 1;  // one coherence domain
+  return kGpuSuccess;
+}
+
 GpuStatus GpuMalloc(void** p, size_t n) {
   if (p == nullptr) return Fail(kGpuErrorInvalidValue);
   // 256-byte alignment, as cudaMalloc gives, rounded so aligned_alloc accepts the size.

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU job for a machine with NVIDIA GPUs: runs the CUDA build staged by stage_cuda_build.sh (ctest:
+# unit, multi-process, GPU and mpirun suites, the examples) and writes logs to ${OUT:-/tmp/mori-out}.
+# The build holds the absolute paths of the machine it was built on; symbolic links recreate them.
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=${OUT:-/tmp/mori-out}
+mkdir -p "$out"
+built_at=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$repo/.carry/build-cuda/CMakeCache.txt")
+if [ "$built_at" != "$repo" ]; then
+  mkdir -p "$(dirname "$built_at")"
+  ln -sfn "$repo" "$built_at"
+fi
+ln -sfn "$repo/.carry/build-cuda" "$repo/build-cuda"
+# ctest's test discovery uses the GoogleTest module of the CMake that configured the build.
+gtest_module=$(grep -ho '/[^ ]*/GoogleTestAddTests.cmake' "$repo"/.carry/build-cuda/tests/*include.cmake 2>/dev/null | head -1)
+if [ -n "$gtest_module" ] && [ ! -f "$gtest_module" ]; then
+  mkdir -p "$(dirname "$gtest_module")"
+  cp "$repo/.carry/GoogleTestAddTests.cmake" "$gtest_module"
+fi
+# The install test calls cmake by the path found at build time.
+want=$(sed -n 's/^CMAKE_COMMAND:INTERNAL=//p' "$repo/.carry/build-cuda/CMakeCache.txt")
+if [ -n "$want" ] && [ ! -x "$want" ] && command -v cmake >/dev/null; then ln -sfn "$(command -v cmake)" "$want"; fi
+# The tests call mpirun by the path found at build time.
+want=$(sed -n 's/^MORI_MPIRUN:FILEPATH=//p' "$repo/.carry/build-cuda/CMakeCache.txt")
+if [ -n "$want" ] && [ ! -x "$want" ] && command -v mpirun >/dev/null; then ln -sfn "$(command -v mpirun)" "$want"; fi
+export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+{
+  date -u; uname -a; nvidia-smi -L; nvidia-smi topo -m
+  which mpirun cmake ctest c++ nvcc
+} > "$out/machine.txt" 2>&1
+cd "$built_at/build-cuda"
+./tools/mori-info > "$out/mori-info.txt" 2>&1
+ctest --output-on-failure --timeout 300 ${CTEST_ARGS:-} > "$out/ctest.log" 2>&1
+rc=$?
+mpirun --allow-run-as-root -np 2 ./examples/core/ring_exchange 256m > "$out/ring_exchange.log" 2>&1 || rc=1
+tail -n 30 "$out/ctest.log"
+cat "$out/ring_exchange.log"
+exit $rc

@@ -1,0 +1,139 @@
+// mori-info: what this machine offers and what mori would use: backend, GPUs and their peer access,
+// RDMA devices, network interfaces, the launch environment, and every MORI_* variable with its value.
+#include <dirent.h>
+#include <dlfcn.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "mori/core/config.hpp"
+#include "mori/core/env.hpp"
+#include "mori/core/errors.hpp"
+#include "mori/core/gpu.hpp"
+#include "mori/core/host_topology.hpp"
+#include "mori/core/launch.hpp"
+#include "socket.hpp"
+#if MORI_BACKEND_CUDA
+#include "cuda/cuda_driver.hpp"
+#endif
+
+namespace {
+
+void Section(const char* title) { std::printf("\n%s\n", title); }
+
+void PrintBuild() {
+  std::printf("mori %s, backend %s, MPI %s\n", MORI_VERSION_STRING, MORI_BACKEND_NAME,
+              MORI_HAS_MPI ? "yes" : "no");
+  std::printf("host identity: %s\n", mori::HostIdentityText().c_str());
+}
+
+void PrintGpus() {
+  Section("GPUs");
+  int n = 0;
+  mori::GpuStatus s = mori::GpuGetDeviceCount(&n);
+  if (s != mori::kGpuSuccess || n == 0) {
+    std::printf("  none visible (%s)\n", s == mori::kGpuSuccess ? "count is 0" : mori::GpuGetErrorString(s));
+    return;
+  }
+  for (int d = 0; d < n; ++d) {
+    char name[256] = "?";
+    char bus[64] = "?";
+    mori::GpuDeviceGetName(name, sizeof(name), d);
+    mori::GpuDeviceGetPciBusId(bus, sizeof(bus), d);
+    std::printf("  %d: %s [%s]", d, name, bus);
+#if MORI_BACKEND_CUDA
+    std::printf(", memory sharing: %s", mori::cuda::VmmFdSupported(d) ? "VMM file descriptors" : "legacy IPC handles");
+#endif
+    std::printf("\n");
+  }
+  if (n > 1) {
+    std::printf("  peer access (row can map column):\n      ");
+    for (int c = 0; c < n; ++c) std::printf("%4d", c);
+    std::printf("\n");
+    for (int r = 0; r < n; ++r) {
+      std::printf("  %4d", r);
+      for (int c = 0; c < n; ++c) {
+        int can = 0;
+        if (r != c) mori::GpuDeviceCanAccessPeer(&can, r, c);
+        std::printf("%4s", r == c ? "-" : (can ? "yes" : "no"));
+      }
+      std::printf("\n");
+    }
+  }
+}
+
+void PrintRdma() {
+  Section("RDMA devices");
+  DIR* dir = opendir("/sys/class/infiniband");
+  int count = 0;
+  if (dir != nullptr) {
+    while (dirent* e = readdir(dir)) {
+      if (e->d_name[0] == '.') continue;
+      std::printf("  %s\n", e->d_name);
+      ++count;
+    }
+    closedir(dir);
+  }
+  if (count == 0) std::printf("  none (/sys/class/infiniband %s)\n", dir == nullptr ? "absent" : "empty");
+  for (const char* lib : {"libibverbs.so.1", "libmlx5.so.1"}) {
+    void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    std::printf("  %s: %s\n", lib, h != nullptr ? "loadable" : "not found");
+    if (h != nullptr) dlclose(h);
+  }
+}
+
+void PrintNetwork() {
+  Section("Network interfaces (up)");
+  try {
+    for (const auto& i : mori::net::ListInterfaceAddresses()) {
+      std::printf("  %-12s %s%s\n", i.name.c_str(), i.address.HostString().c_str(), i.loopback ? " (loopback)" : "");
+    }
+    std::printf("  bootstrap would listen on %s\n", mori::net::PickLocalAddress().HostString().c_str());
+  } catch (const mori::Error& e) {
+    std::printf("  error: %s\n", e.what());
+  }
+}
+
+void PrintLaunch() {
+  Section("Launch environment");
+  try {
+    std::printf("  %s\n", mori::DetectLaunchEnvironment().Describe().c_str());
+  } catch (const mori::Error& e) {
+    std::printf("  invalid: %s\n", e.what());
+  }
+}
+
+void PrintEnv() {
+  Section("Environment variables (MORI_*)");
+  for (const auto& info : mori::EnvRegistry()) {
+    auto raw = mori::EnvRaw(info.name);
+    std::string value = raw ? *raw : std::string("(unset, default ") + (info.defaultValue[0] ? info.defaultValue : "none") + ")";
+    std::printf("  %-22s = %s\n      %s\n", info.name, value.c_str(), info.meaning);
+  }
+  for (const auto& name : mori::UnknownMoriEnvVars()) {
+    std::printf("  %-22s : not a mori variable (typo?)\n", name.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::printf("usage: mori-info\nPrints the backend, GPUs, RDMA devices, network interfaces, launch environment\n"
+                  "and every MORI_* environment variable with its value and meaning.\n");
+      return 0;
+    }
+    std::fprintf(stderr, "mori-info: unknown argument '%s' (try --help)\n", argv[i]);
+    return 2;
+  }
+  PrintBuild();
+  PrintGpus();
+  PrintRdma();
+  PrintNetwork();
+  PrintLaunch();
+  PrintEnv();
+  return 0;
+}
