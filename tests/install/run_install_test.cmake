@@ -18,7 +18,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} --build "${WORK_DIR}/build" RESULT_VARI
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "building the consumer failed (${rc})")
 endif()
-execute_process(COMMAND "${WORK_DIR}/build/consumer" RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+execute_process(COMMAND "${WORK_DIR}/build/consumer" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 message(STATUS "${out}")
 if(NOT rc EQUAL 0 OR NOT out MATCHES "ok")
   message(FATAL_ERROR "the consumer failed (${rc}): ${out}")

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs what building and testing mori needs on Debian/Ubuntu, skipping what is already there.
+#   install_deps.sh            compiler, CMake, GoogleTest, Open MPI, rdma-core, iproute2
+#   install_deps.sh --hip      and hipcc with the HIP runtime headers (for the HIP compile check)
+set -euo pipefail
+packages=(cmake ninja-build g++ make libgtest-dev libopenmpi-dev openmpi-bin libibverbs-dev rdma-core iproute2 rsync)
+if [ "${1:-}" = "--hip" ]; then
+  packages+=(hipcc libamdhip64-dev)
+fi
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all present"
+  exit 0
+fi
+sudo=""
+if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+echo "install_deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The test job (what .ci/run calls): installs what is needed, then
+#   1. builds the HOST backend with warnings as errors and runs every test (unit, multi-process,
+#      network namespaces, mpirun, GPU suites on host threads, install);
+#   2. builds the CUDA backend (compile and link; its tests also run when a GPU is present);
+#   3. compile-checks the HIP backend;
+#   4. builds the HOST backend with ASan+UBSan and runs the tests again.
+# Steps can be chosen: test.sh host cuda hip asan (default: all).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(host cuda hip asan)
+want() { [[ " ${steps[*]} " == *" $1 "* ]]; }
+hip_flag=""
+want hip && hip_flag=--hip
+if command -v apt-get >/dev/null; then ./scripts/install_deps.sh $hip_flag || exit 1; fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0
+jobs=$(nproc)
+failed=()
+summary=()
+
+run_ctest() {  # name, build dir
+  local log="$2/ctest.log"
+  (cd "$2" && ctest --output-on-failure -j "$jobs" --timeout 600) > "$log" 2>&1
+  local rc=$?
+  summary+=("$1: $(grep -E '^[0-9]+% tests passed' "$log" || echo 'ctest did not finish')")
+  grep -E '^[0-9]+% tests passed|tests? (FAILED|did not run)|^\s+[0-9]+ - ' "$log"
+  [ $rc -eq 0 ] || { failed+=("$1 tests"); tail -n 150 "$log"; }
+}
+
+build() {  # name, dir, cmake args...
+  local name=$1 dir=$2
+  shift 2
+  echo "== build $name"
+  local start=$SECONDS
+  if cmake -S . -B "$dir" -G Ninja -DMORI_WERROR=ON "$@" > "$dir.configure.log" 2>&1 &&
+     cmake --build "$dir" --parallel "$jobs" > "$dir.build.log" 2>&1; then
+    echo "   built in $((SECONDS - start)) s"
+    return 0
+  fi
+  failed+=("$name build")
+  tail -n 60 "$dir.configure.log" "$dir.build.log" 2>/dev/null
+  return 1
+}
+
+if want host; then
+  build host build-ci-host -DMORI_GPU_BACKEND=HOST && run_ctest host build-ci-host
+fi
+if want cuda; then
+  nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+  if [ -z "$nvcc" ]; then
+    echo "== cuda: no nvcc on this machine, CUDA backend NOT checked"
+    summary+=("cuda: not checked (no nvcc)")
+  elif build cuda build-ci-cuda -DMORI_GPU_BACKEND=CUDA -DCMAKE_CUDA_COMPILER="$nvcc"; then
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+      run_ctest cuda build-ci-cuda
+    else
+      summary+=("cuda: compiled and linked (no GPU here to run on)")
+    fi
+  fi
+fi
+if want hip; then
+  if command -v hipcc >/dev/null; then
+    build hip build-ci-hip -DMORI_GPU_BACKEND=HIP && summary+=("hip: compiled and linked ($(sed -n 's/.*architectures //p' build-ci-hip.configure.log | head -1))")
+  else
+    echo "== hip: no hipcc, HIP backend NOT checked"
+    summary+=("hip: not checked (no hipcc)")
+  fi
+fi
+if want asan; then
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  build asan build-ci-asan -DMORI_GPU_BACKEND=HOST -DMORI_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug &&
+    run_ctest asan+ubsan build-ci-asan
+fi
+
+echo
+echo "== summary"
+printf '   %s\n' "${summary[@]}"
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "FAILED: ${failed[*]}"
+  exit 1
+fi
+echo "all steps passed"
