@@ -40,8 +40,8 @@ void PrintGpus() {
   for (int d = 0; d < n; ++d) {
     char name[256] = "?";
     char bus[64] = "?";
-    mori::GpuDeviceGetName(name, sizeof(name), d);
-    mori::GpuDeviceGetPciBusId(bus, sizeof(bus), d);
+    (void)mori::GpuDeviceGetName(name, sizeof(name), d);
+    (void)mori::GpuDeviceGetPciBusId(bus, sizeof(bus), d);
     std::printf("  %d: %s [%s]", d, name, bus);
 #if MORI_BACKEND_CUDA
     std::printf(", memory sharing: %s", mori::cuda::VmmFdSupported(d) ? "VMM file descriptors" : "legacy IPC handles");
@@ -56,7 +56,7 @@ void PrintGpus() {
       std::printf("  %4d", r);
       for (int c = 0; c < n; ++c) {
         int can = 0;
-        if (r != c) mori::GpuDeviceCanAccessPeer(&can, r, c);
+        if (r != c) (void)mori::GpuDeviceCanAccessPeer(&can, r, c);
         std::printf("%4s", r == c ? "-" : (can ? "yes" : "no"));
       }
       std::printf("\n");

@@ -41,7 +41,7 @@ int Run(int argc, char** argv) {
   MORI_CHECK(gpus > 0, mori::ErrorCode::NotSupported, "no GPU visible");
   MORI_CHECK_GPU(mori::GpuSetDevice(topo.localRank % gpus));
   char name[128] = "?";
-  mori::GpuDeviceGetName(name, sizeof(name), topo.localRank % gpus);
+  (void)mori::GpuDeviceGetName(name, sizeof(name), topo.localRank % gpus);
 
   mori::FdChannel channel(*bootstrap);
   mori::GpuBuffer inbox(bytes);

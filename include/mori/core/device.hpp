@@ -28,6 +28,10 @@
 // Device functions can be called from this translation unit: any TU on HOST, GPU-compiler TUs otherwise.
 #define MORI_DEVICE_API_AVAILABLE (MORI_GPU_COMPILER || MORI_BACKEND_HOST)
 
+#if MORI_BACKEND_HIP && MORI_GPU_COMPILER
+#include <hip/hip_runtime.h>  // __device__, __forceinline__ and friends are macros of the HIP headers
+#endif
+
 #if MORI_GPU_COMPILER
 #define MORI_DEVICE __device__
 #define MORI_HOST_DEVICE __host__ __device__
