@@ -26,25 +26,25 @@ void Section(const char* title) { std::printf("\n%s\n", title); }
 void PrintBuild() {
   std::printf("mori %s, backend %s, MPI %s\n", MORI_VERSION_STRING, MORI_BACKEND_NAME,
               MORI_HAS_MPI ? "yes" : "no");
-  std::printf("host identity: %s\n", mori::HostIdentityText().c_str());
+  std::printf("host identity: %s\n", mori::core::HostIdentityText().c_str());
 }
 
 void PrintGpus() {
   Section("GPUs");
   int n = 0;
-  mori::GpuStatus s = mori::GpuGetDeviceCount(&n);
-  if (s != mori::kGpuSuccess || n == 0) {
-    std::printf("  none visible (%s)\n", s == mori::kGpuSuccess ? "count is 0" : mori::GpuGetErrorString(s));
+  mori::core::GpuStatus s = mori::core::GpuGetDeviceCount(&n);
+  if (s != mori::core::kGpuSuccess || n == 0) {
+    std::printf("  none visible (%s)\n", s == mori::core::kGpuSuccess ? "count is 0" : mori::core::GpuGetErrorString(s));
     return;
   }
   for (int d = 0; d < n; ++d) {
     char name[256] = "?";
     char bus[64] = "?";
-    (void)mori::GpuDeviceGetName(name, sizeof(name), d);
-    (void)mori::GpuDeviceGetPciBusId(bus, sizeof(bus), d);
+    (void)mori::core::GpuDeviceGetName(name, sizeof(name), d);
+    (void)mori::core::GpuDeviceGetPciBusId(bus, sizeof(bus), d);
     std::printf("  %d: %s [%s]", d, name, bus);
 #if MORI_BACKEND_CUDA
-    std::printf(", memory sharing: %s", mori::cuda::VmmFdSupported(d) ? "VMM file descriptors" : "legacy IPC handles");
+    std::printf(", memory sharing: %s", mori::core::cuda::VmmFdSupported(d) ? "VMM file descriptors" : "legacy IPC handles");
 #endif
     std::printf("\n");
   }
@@ -56,7 +56,7 @@ void PrintGpus() {
       std::printf("  %4d", r);
       for (int c = 0; c < n; ++c) {
         int can = 0;
-        if (r != c) (void)mori::GpuDeviceCanAccessPeer(&can, r, c);
+        if (r != c) (void)mori::core::GpuDeviceCanAccessPeer(&can, r, c);
         std::printf("%4s", r == c ? "-" : (can ? "yes" : "no"));
       }
       std::printf("\n");
@@ -87,11 +87,11 @@ void PrintRdma() {
 void PrintNetwork() {
   Section("Network interfaces (up)");
   try {
-    for (const auto& i : mori::net::ListInterfaceAddresses()) {
+    for (const auto& i : mori::core::net::ListInterfaceAddresses()) {
       std::printf("  %-12s %s%s\n", i.name.c_str(), i.address.HostString().c_str(), i.loopback ? " (loopback)" : "");
     }
-    std::printf("  bootstrap would listen on %s\n", mori::net::PickLocalAddress().HostString().c_str());
-  } catch (const mori::Error& e) {
+    std::printf("  bootstrap would listen on %s\n", mori::core::net::PickLocalAddress().HostString().c_str());
+  } catch (const mori::core::Error& e) {
     std::printf("  error: %s\n", e.what());
   }
 }
@@ -99,20 +99,20 @@ void PrintNetwork() {
 void PrintLaunch() {
   Section("Launch environment");
   try {
-    std::printf("  %s\n", mori::DetectLaunchEnvironment().Describe().c_str());
-  } catch (const mori::Error& e) {
+    std::printf("  %s\n", mori::core::DetectLaunchEnvironment().Describe().c_str());
+  } catch (const mori::core::Error& e) {
     std::printf("  invalid: %s\n", e.what());
   }
 }
 
 void PrintEnv() {
   Section("Environment variables (MORI_*)");
-  for (const auto& info : mori::EnvRegistry()) {
-    auto raw = mori::EnvRaw(info.name);
+  for (const auto& info : mori::core::EnvRegistry()) {
+    auto raw = mori::core::EnvRaw(info.name);
     std::string value = raw ? *raw : std::string("(unset, default ") + (info.defaultValue[0] ? info.defaultValue : "none") + ")";
     std::printf("  %-22s = %s\n      %s\n", info.name, value.c_str(), info.meaning);
   }
-  for (const auto& name : mori::UnknownMoriEnvVars()) {
+  for (const auto& name : mori::core::UnknownMoriEnvVars()) {
     std::printf("  %-22s : not a mori variable (typo?)\n", name.c_str());
   }
 }

@@ -27,42 +27,42 @@ MORI_HOST_DEVICE_INLINE uint8_t MessageByte(int sender, size_t i) {
 }
 
 MORI_GLOBAL void WriteMessage(uint8_t* dst, size_t bytes, int sender) {
-  for (size_t i = mori::GlobalThreadIdx(); i < bytes; i += mori::GlobalThreadCount()) dst[i] = MessageByte(sender, i);
+  for (size_t i = mori::core::GlobalThreadIdx(); i < bytes; i += mori::core::GlobalThreadCount()) dst[i] = MessageByte(sender, i);
 }
 
 int Run(int argc, char** argv) {
-  size_t bytes = argc > 1 ? mori::ParseSize(argv[1], "message size") : size_t(4) << 20;
-  auto bootstrap = mori::CreateBootstrapFromEnvironment();
+  size_t bytes = argc > 1 ? mori::core::ParseSize(argv[1], "message size") : size_t(4) << 20;
+  auto bootstrap = mori::core::CreateBootstrapFromEnvironment();
   const int rank = bootstrap->GetRank();
   const int n = bootstrap->GetNranks();
-  mori::HostTopology topo = mori::DiscoverHostTopology(*bootstrap);
+  mori::core::HostTopology topo = mori::core::DiscoverHostTopology(*bootstrap);
   int gpus = 0;
-  MORI_CHECK_GPU(mori::GpuGetDeviceCount(&gpus));
-  MORI_CHECK(gpus > 0, mori::ErrorCode::NotSupported, "no GPU visible");
-  MORI_CHECK_GPU(mori::GpuSetDevice(topo.localRank % gpus));
+  MORI_CHECK_GPU(mori::core::GpuGetDeviceCount(&gpus));
+  MORI_CHECK(gpus > 0, mori::core::ErrorCode::NotSupported, "no GPU visible");
+  MORI_CHECK_GPU(mori::core::GpuSetDevice(topo.localRank % gpus));
   char name[128] = "?";
-  (void)mori::GpuDeviceGetName(name, sizeof(name), topo.localRank % gpus);
+  (void)mori::core::GpuDeviceGetName(name, sizeof(name), topo.localRank % gpus);
 
-  mori::FdChannel channel(*bootstrap);
-  mori::GpuBuffer inbox(bytes);
-  MORI_CHECK_GPU(mori::GpuMemset(inbox.Data(), 0, bytes));
-  auto peers = mori::ExchangeIpcMemory(*bootstrap, topo, channel, inbox.Data(), bytes);
+  mori::core::FdChannel channel(*bootstrap);
+  mori::core::GpuBuffer inbox(bytes);
+  MORI_CHECK_GPU(mori::core::GpuMemset(inbox.Data(), 0, bytes));
+  auto peers = mori::core::ExchangeIpcMemory(*bootstrap, topo, channel, inbox.Data(), bytes);
 
   int right = (rank + 1) % n;
   int left = (rank + n - 1) % n;
   bool rightShared = n > 1 && topo.SameHost(right);
   if (rightShared) {
-    mori::LaunchKernel(WriteMessage, mori::Dim3(16), mori::Dim3(256), 0, nullptr,
+    mori::core::LaunchKernel(WriteMessage, mori::core::Dim3(16), mori::core::Dim3(256), 0, nullptr,
                        static_cast<uint8_t*>(peers[right]->Data()), bytes, rank);
-    MORI_CHECK_GPU(mori::GpuGetLastError());
-    MORI_CHECK_GPU(mori::GpuDeviceSynchronize());
+    MORI_CHECK_GPU(mori::core::GpuGetLastError());
+    MORI_CHECK_GPU(mori::core::GpuDeviceSynchronize());
   }
   bootstrap->Barrier();
 
   int bad = 0;
   if (n > 1 && topo.SameHost(left)) {
     std::vector<uint8_t> got(bytes);
-    MORI_CHECK_GPU(mori::GpuMemcpy(got.data(), inbox.Data(), bytes));
+    MORI_CHECK_GPU(mori::core::GpuMemcpy(got.data(), inbox.Data(), bytes));
     for (size_t i = 0; i < bytes; ++i) bad += got[i] != MessageByte(left, i);
   }
   std::printf("rank %d/%d on host %d (local rank %d of %d, %s, %s memory): %s\n", rank, n, topo.hostIndex,
@@ -88,7 +88,7 @@ int Run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return Run(argc, argv);
-  } catch (const mori::Error& e) {
+  } catch (const mori::core::Error& e) {
     std::fprintf(stderr, "ring_exchange: %s\n", e.what());
     return 1;
   }

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <optional>
 
-namespace mori::alloc {
+namespace mori::core::alloc {
 
 enum class AllocatorKind : int {
   None = 0,
@@ -33,4 +33,4 @@ void Register(const Record& record);
 void Unregister(uintptr_t base);
 std::optional<Record> Find(const void* ptr);
 
-}  // namespace mori::alloc
+}  // namespace mori::core::alloc

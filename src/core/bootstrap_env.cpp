@@ -9,7 +9,7 @@
 #include "mori/core/mpi_bootstrap.hpp"
 #endif
 
-namespace mori {
+namespace mori::core {
 
 namespace {
 
@@ -136,4 +136,4 @@ std::shared_ptr<Bootstrap> CreateBootstrapFromEnvironment(double timeoutSeconds)
   return bootstrap;
 }
 
-}  // namespace mori
+}  // namespace mori::core

@@ -7,7 +7,7 @@
 
 #include "socket.hpp"
 
-namespace mori::bootstrap_wire {
+namespace mori::core::bootstrap_wire {
 
 constexpr uint32_t kFrameMagic = 0x42524f4dU;  // "MORB" in memory order
 constexpr uint32_t kUniqueIdMagic = 0x55524f4dU;  // "MORU"
@@ -66,4 +66,4 @@ std::string CheckHello(const HelloPayload& hello, uint64_t nonce, int nRanks);
 
 const char* FrameTypeName(uint16_t type);
 
-}  // namespace mori::bootstrap_wire
+}  // namespace mori::core::bootstrap_wire

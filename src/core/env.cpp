@@ -10,7 +10,7 @@
 
 extern char** environ;
 
-namespace mori {
+namespace mori::core {
 
 namespace {
 
@@ -175,4 +175,4 @@ double TimeoutSeconds() {
   return static_cast<double>(s);
 }
 
-}  // namespace mori
+}  // namespace mori::core

@@ -1,6 +1,6 @@
 #include "mori/core/errors.hpp"
 
-namespace mori {
+namespace mori::core {
 
 const char* ErrorCodeName(ErrorCode code) {
   switch (code) {
@@ -26,4 +26,4 @@ GpuError::GpuError(int status, const std::string& message) : Error(ErrorCode::Gp
 
 RdmaError::RdmaError(int status, const std::string& message) : Error(ErrorCode::Rdma, message), status_(status) {}
 
-}  // namespace mori
+}  // namespace mori::core

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
-namespace mori {
+namespace mori::core {
 
 std::string StrFormat(const char* fmt, ...) {
   va_list args;
@@ -33,4 +33,4 @@ std::string ErrnoString(int err) {
   }
 }
 
-}  // namespace mori
+}  // namespace mori::core

@@ -17,7 +17,7 @@
 #include "cuda/cuda_driver.hpp"
 #endif
 
-namespace mori {
+namespace mori::core {
 
 namespace alloc {
 
@@ -251,4 +251,4 @@ void GpuBuffer::Release() noexcept {
   data_ = nullptr;
 }
 
-}  // namespace mori
+}  // namespace mori::core

@@ -8,7 +8,7 @@
 
 #include "mori/core/format.hpp"
 
-namespace mori {
+namespace mori::core {
 
 namespace {
 
@@ -67,4 +67,4 @@ HostTopology DiscoverHostTopology(Bootstrap& bootstrap) {
   return t;
 }
 
-}  // namespace mori
+}  // namespace mori::core

@@ -15,7 +15,7 @@
 #include "mori/core/errors.hpp"
 #include "mori/core/logging.hpp"
 
-namespace mori {
+namespace mori::core {
 
 namespace {
 
@@ -232,4 +232,4 @@ UniqueFd FdChannel::Recv(int peer, uint64_t tag, void* payload, size_t bytes) {
 uint64_t FdChannel::JobId() const { return impl_->JobId(); }
 int FdChannel::Rank() const { return impl_->Rank(); }
 
-}  // namespace mori
+}  // namespace mori::core

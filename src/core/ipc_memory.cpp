@@ -15,7 +15,7 @@
 #include "cuda/cuda_driver.hpp"
 #endif
 
-namespace mori {
+namespace mori::core {
 
 namespace {
 
@@ -250,4 +250,4 @@ std::vector<std::shared_ptr<IpcMemoryMapping>> ExchangeIpcMemory(Bootstrap& boot
   return mapped;
 }
 
-}  // namespace mori
+}  // namespace mori::core

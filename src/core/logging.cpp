@@ -12,7 +12,7 @@
 #include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
 
-namespace mori {
+namespace mori::core {
 
 namespace {
 
@@ -152,4 +152,4 @@ void LogWrite(LogLevel level, LogSubsys subsys, const char* file, int line, cons
   }
 }
 
-}  // namespace mori
+}  // namespace mori::core

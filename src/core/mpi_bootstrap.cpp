@@ -9,7 +9,7 @@
 #include "mori/core/logging.hpp"
 #include "mori/core/timeout.hpp"
 
-namespace mori {
+namespace mori::core {
 
 namespace {
 
@@ -33,7 +33,7 @@ MpiBootstrap::MpiBootstrap(MPI_Comm comm, double timeoutSeconds) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   MORI_CHECK(initialized, ErrorCode::InvalidUsage, "MpiBootstrap needs MPI_Init to have been called");
-  timeout_ = timeoutSeconds > 0 ? timeoutSeconds : mori::TimeoutSeconds();
+  timeout_ = timeoutSeconds > 0 ? timeoutSeconds : mori::core::TimeoutSeconds();
   CheckMpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &nRanks_);
@@ -152,4 +152,4 @@ void MpiBootstrap::Broadcast(void* data, size_t bytes, int root) {
   Wait(&req, "broadcast", -1);
 }
 
-}  // namespace mori
+}  // namespace mori::core

@@ -18,7 +18,7 @@
 #include "mori/core/errors.hpp"
 #include "mori/core/logging.hpp"
 
-namespace mori::net {
+namespace mori::core::net {
 
 SocketAddress::SocketAddress() : len_(0) { std::memset(&storage_, 0, sizeof(storage_)); }
 
@@ -380,4 +380,4 @@ void RecvAll(int fd, void* data, size_t bytes, const Deadline& deadline, const s
   }
 }
 
-}  // namespace mori::net
+}  // namespace mori::core::net

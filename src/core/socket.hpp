@@ -12,7 +12,7 @@
 #include "mori/core/timeout.hpp"
 #include "mori/core/unique_fd.hpp"
 
-namespace mori::net {
+namespace mori::core::net {
 
 // An address in the fixed-size form that travels inside unique ids and bootstrap frames.
 struct WireAddress {
@@ -94,4 +94,4 @@ void SetNoDelay(int fd);
 void SendAll(int fd, const void* data, size_t bytes, const Deadline& deadline, const std::string& what);
 void RecvAll(int fd, void* data, size_t bytes, const Deadline& deadline, const std::string& what);
 
-}  // namespace mori::net
+}  // namespace mori::core::net

@@ -22,7 +22,7 @@
 #include "mori/core/logging.hpp"
 #include "socket.hpp"
 
-namespace mori {
+namespace mori::core {
 
 namespace bootstrap_wire {
 
@@ -153,7 +153,7 @@ class SocketBootstrap::Impl {
   void Initialize(const UniqueId& id, const std::string& ifname, double timeoutSeconds) {
     std::lock_guard<std::mutex> lock(mutex_);
     MORI_CHECK(!initialized_, ErrorCode::InvalidUsage, "SocketBootstrap::Initialize called twice");
-    timeout_ = timeoutSeconds > 0 ? timeoutSeconds : mori::TimeoutSeconds();
+    timeout_ = timeoutSeconds > 0 ? timeoutSeconds : mori::core::TimeoutSeconds();
     UniqueIdLayout l = DecodeId(id);
     nonce_ = l.nonce;
     net::SocketAddress root = net::SocketAddress::FromWire(l.root);
@@ -701,4 +701,4 @@ std::vector<uint8_t> Bootstrap::RecvBytes(int peer, int tag) {
   return data;
 }
 
-}  // namespace mori
+}  // namespace mori::core

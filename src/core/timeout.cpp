@@ -4,7 +4,7 @@
 
 #include "mori/core/env.hpp"
 
-namespace mori {
+namespace mori::core {
 
 Deadline Deadline::After(double seconds) {
   auto span = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
@@ -28,4 +28,4 @@ double Deadline::RemainingSeconds() const {
   return left < 0 ? 0 : left;
 }
 
-}  // namespace mori
+}  // namespace mori::core

@@ -16,7 +16,7 @@
 
 #include "mori/core/gpu.hpp"
 
-namespace mori::test {
+namespace mori::core::test {
 
 void FillPattern(void* data, size_t bytes, int rank, uint32_t seed) {
   auto* p = static_cast<uint8_t*>(data);
@@ -148,4 +148,4 @@ ScopedEnv::~ScopedEnv() {
   }
 }
 
-}  // namespace mori::test
+}  // namespace mori::core::test

@@ -10,7 +10,7 @@
 
 #include "mori/core/device.hpp"
 
-namespace mori::test {
+namespace mori::core::test {
 
 // A byte that differs with rank, index and a per-test seed; never constant over a range.
 MORI_HOST_DEVICE_INLINE uint8_t PatternByte(int rank, size_t index, uint32_t seed = 0) {
@@ -61,4 +61,4 @@ class ScopedEnv {
   std::string old_;
 };
 
-}  // namespace mori::test
+}  // namespace mori::core::test

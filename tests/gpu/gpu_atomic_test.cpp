@@ -15,7 +15,7 @@
 #include "mori/core/kernel.hpp"
 #include "mori/core/timeout.hpp"
 
-namespace mori {
+namespace mori::core {
 namespace {
 
 #if MORI_BACKEND_HOST
@@ -198,4 +198,4 @@ TEST_F(GpuAtomics, DeviceScopeAtomicsFromManyThreads) {
 }
 
 }  // namespace
-}  // namespace mori
+}  // namespace mori::core

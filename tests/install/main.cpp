@@ -8,15 +8,15 @@
 #include "mori/core/launch.hpp"
 
 int main() {
-  auto bootstrap = mori::CreateBootstrapFromEnvironment(10);
+  auto bootstrap = mori::core::CreateBootstrapFromEnvironment(10);
   auto values = bootstrap->AllGatherValue(41 + 1);
   if (bootstrap->GetNranks() != 1 || values.at(0) != 42) return 1;
   try {
-    mori::EnvGetInt("MORI_NOT_A_VARIABLE");
+    mori::core::EnvGetInt("MORI_NOT_A_VARIABLE");
     return 2;
-  } catch (const mori::Error&) {
+  } catch (const mori::core::Error&) {
   }
   std::printf("consumer of mori %s (%s backend): %zu registered variables, ok\n", MORI_VERSION_STRING,
-              MORI_BACKEND_NAME, mori::EnvRegistry().size());
+              MORI_BACKEND_NAME, mori::core::EnvRegistry().size());
   return 0;
 }

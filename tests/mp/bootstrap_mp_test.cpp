@@ -18,7 +18,7 @@
 #include "mori/core/launch.hpp"
 #include "socket.hpp"
 
-namespace mori {
+namespace mori::core {
 namespace {
 
 using test::FillPattern;
@@ -27,7 +27,7 @@ using test::RunProcesses;
 
 std::string LoopbackRoot() { return "127.0.0.1:" + std::to_string(test::FreeTcpPort()); }
 
-// Runs `expectFn` and checks that it throws a mori::Error whose message contains `needle`.
+// Runs `expectFn` and checks that it throws a mori::core::Error whose message contains `needle`.
 template <typename Fn>
 bool ThrowsMentioning(Fn&& fn, const std::string& needle, ErrorCode* code = nullptr) {
   try {
@@ -382,4 +382,4 @@ TEST(BootstrapLaunch, TorchrunVariablesStartAJob) {
 }
 
 }  // namespace
-}  // namespace mori
+}  // namespace mori::core

@@ -20,7 +20,7 @@
 #include "mori/core/ipc_memory.hpp"
 #include "mori/core/kernel.hpp"
 
-namespace mori {
+namespace mori::core {
 namespace {
 
 using test::FirstPatternMismatch;
@@ -226,4 +226,4 @@ TEST(FdChannelTest, ForeignDatagramsAreDroppedAndMissingMessagesTimeOut) {
 }
 
 }  // namespace
-}  // namespace mori
+}  // namespace mori::core

@@ -18,7 +18,7 @@
 #include "mori/core/ipc.hpp"
 #include "mori/core/ipc_memory.hpp"
 
-namespace mori {
+namespace mori::core {
 namespace {
 
 int Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
@@ -145,4 +145,4 @@ TEST_F(TwoHosts, UniqueIdFollowsTheNamedInterface) {
 }
 
 }  // namespace
-}  // namespace mori
+}  // namespace mori::core

@@ -16,7 +16,7 @@
 #include "mori/core/launch.hpp"
 #include "mori/core/mpi_bootstrap.hpp"
 
-namespace mori {
+namespace mori::core {
 namespace {
 
 using test::FillPattern;
@@ -148,7 +148,7 @@ TEST(MpiBootstrapTest, SameHostRanksShareMemory) {
 }
 
 }  // namespace
-}  // namespace mori
+}  // namespace mori::core
 
 // gtest under MPI: every rank runs every test; the job fails when any rank does.
 int main(int argc, char** argv) {

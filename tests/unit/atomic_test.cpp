@@ -10,7 +10,7 @@
 
 #include "mori/core/atomic.hpp"
 
-namespace mori {
+namespace mori::core {
 namespace {
 
 constexpr int kThreads = 16;
@@ -139,4 +139,4 @@ TEST(Atomic, ByteOrderHelpers) {
 }
 
 }  // namespace
-}  // namespace mori
+}  // namespace mori::core

@@ -7,7 +7,7 @@
 #include "mori/core/bootstrap.hpp"
 #include "mori/core/errors.hpp"
 
-namespace mori::bootstrap_wire {
+namespace mori::core::bootstrap_wire {
 namespace {
 
 FrameHeader Good() {
@@ -112,4 +112,4 @@ TEST(UniqueIdTest, RankAndSizeAreValidated) {
 }
 
 }  // namespace
-}  // namespace mori::bootstrap_wire
+}  // namespace mori::core::bootstrap_wire

@@ -5,7 +5,7 @@
 #include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
 
-namespace mori {
+namespace mori::core {
 namespace {
 
 using test::ScopedEnv;
@@ -94,4 +94,4 @@ TEST(Env, SizesTakeBinarySuffixes) {
 }
 
 }  // namespace
-}  // namespace mori
+}  // namespace mori::core

@@ -9,7 +9,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/logging.hpp"
 
-namespace mori {
+namespace mori::core {
 namespace {
 
 TEST(Errors, ThrowCarriesCodeMessageAndLocation) {
@@ -99,4 +99,4 @@ TEST(Logging, AMalformedLevelFallsBackWithAWarning) {
 }
 
 }  // namespace
-}  // namespace mori
+}  // namespace mori::core

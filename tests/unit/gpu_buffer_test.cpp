@@ -10,7 +10,7 @@
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/ipc_memory.hpp"
 
-namespace mori {
+namespace mori::core {
 namespace {
 
 class GpuBufferTest : public ::testing::Test {
@@ -124,4 +124,4 @@ TEST_F(GpuBufferTest, MalformedHandlesAreRefusedWithoutMapping) {
 }
 
 }  // namespace
-}  // namespace mori
+}  // namespace mori::core

@@ -9,7 +9,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/kernel.hpp"
 
-namespace mori {
+namespace mori::core {
 namespace {
 
 MORI_GLOBAL void WriteGlobalIndex(uint32_t* out) {
@@ -184,4 +184,4 @@ TEST_F(Kernel, InvalidConfigurationIsReported) {
 }
 
 }  // namespace
-}  // namespace mori
+}  // namespace mori::core

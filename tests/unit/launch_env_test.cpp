@@ -6,7 +6,7 @@
 #include "mori/core/errors.hpp"
 #include "mori/core/launch.hpp"
 
-namespace mori {
+namespace mori::core {
 namespace {
 
 using test::ScopedEnv;
@@ -115,4 +115,4 @@ TEST(LaunchEnv, MpirunVariables) {
 }
 
 }  // namespace
-}  // namespace mori
+}  // namespace mori::core

@@ -9,7 +9,7 @@
 #include "mori/core/errors.hpp"
 #include "socket.hpp"
 
-namespace mori::net {
+namespace mori::core::net {
 namespace {
 
 TEST(SocketAddress, ParsesIpv4Ipv6AndHostNames) {
@@ -123,4 +123,4 @@ TEST(Socket, ConnectingToNobodyTimesOutNamingThePeer) {
 }
 
 }  // namespace
-}  // namespace mori::net
+}  // namespace mori::core::net

@@ -12,7 +12,7 @@
 #include <cuda/atomic>
 #endif
 
-namespace mori {
+namespace mori::core {
 
 enum class MemoryOrder { Relaxed, Acquire, Release, AcqRel, SeqCst };
 
@@ -226,4 +226,4 @@ MORI_HOST_DEVICE_INLINE constexpr uint16_t BeToHost16(uint16_t v) { return ByteS
 MORI_HOST_DEVICE_INLINE constexpr uint32_t BeToHost32(uint32_t v) { return ByteSwap32(v); }
 MORI_HOST_DEVICE_INLINE constexpr uint64_t BeToHost64(uint64_t v) { return ByteSwap64(v); }
 
-}  // namespace mori
+}  // namespace mori::core

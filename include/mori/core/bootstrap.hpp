@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace mori {
+namespace mori::core {
 
 class Bootstrap {
  public:
@@ -84,4 +84,4 @@ class SocketBootstrap : public Bootstrap {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace mori
+}  // namespace mori::core

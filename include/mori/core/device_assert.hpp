@@ -13,7 +13,7 @@
 #include "mori/core/kernel.hpp"
 #endif
 
-namespace mori {
+namespace mori::core {
 
 #if MORI_DEVICE_API_AVAILABLE
 
@@ -72,7 +72,7 @@ class SpinDeadline {
 
 #endif  // MORI_DEVICE_API_AVAILABLE
 
-}  // namespace mori
+}  // namespace mori::core
 
 #if MORI_BACKEND_HOST
 #define MORI_DEVICE_PRINTF(...) (std::fprintf(stderr, __VA_ARGS__), std::fflush(stderr))
@@ -87,6 +87,6 @@ class SpinDeadline {
     if (!(cond)) {                                                                                        \
       MORI_DEVICE_PRINTF("[mori device] %s:%d: check `%s` failed: " fmt "\n", __FILE__, __LINE__, #cond, \
                          ##__VA_ARGS__);                                                                  \
-      ::mori::DeviceTrap();                                                                               \
+      ::mori::core::DeviceTrap();                                                                               \
     }                                                                                                     \
   } while (0)

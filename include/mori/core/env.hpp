@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-namespace mori {
+namespace mori::core {
 
 enum class EnvType { String, Int, Size, Bool, Choice };
 
@@ -45,4 +45,4 @@ std::vector<std::string> UnknownMoriEnvVars();
 // The bound on every wait that could hang (MORI_TIMEOUT_S), in seconds.
 double TimeoutSeconds();
 
-}  // namespace mori
+}  // namespace mori::core

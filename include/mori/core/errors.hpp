@@ -8,7 +8,7 @@
 
 #include "mori/core/format.hpp"
 
-namespace mori {
+namespace mori::core {
 
 enum class ErrorCode {
   InvalidUsage,   // the caller passed something wrong (bad rank, size, pointer, option)
@@ -68,15 +68,15 @@ class TimeoutError : public Error {
   explicit TimeoutError(const std::string& message) : Error(ErrorCode::Timeout, message) {}
 };
 
-}  // namespace mori
+}  // namespace mori::core
 
 #define MORI_SOURCE_LOCATION __FILE__ ":" MORI_ERRORS_STR(__LINE__)
 #define MORI_ERRORS_STR_IMPL(x) #x
 #define MORI_ERRORS_STR(x) MORI_ERRORS_STR_IMPL(x)
 
-// Throws mori::Error(code) with a printf-style message and the source location.
+// Throws mori::core::Error(code) with a printf-style message and the source location.
 #define MORI_THROW(code, ...) \
-  throw ::mori::Error((code), ::mori::StrFormat(__VA_ARGS__) + " (" MORI_SOURCE_LOCATION ")")
+  throw ::mori::core::Error((code), ::mori::core::StrFormat(__VA_ARGS__) + " (" MORI_SOURCE_LOCATION ")")
 
 #define MORI_CHECK(cond, code, ...) \
   do {                              \
@@ -90,12 +90,12 @@ class TimeoutError : public Error {
   do {                                                                                                      \
     if ((call) < 0) {                                                                                       \
       int moriErr_ = errno;                                                                                 \
-      throw ::mori::SysError(moriErr_, ::mori::StrFormat("%s failed: %s", #call, ::mori::ErrnoString(moriErr_).c_str()) + \
+      throw ::mori::core::SysError(moriErr_, ::mori::core::StrFormat("%s failed: %s", #call, ::mori::core::ErrnoString(moriErr_).c_str()) + \
                                            " (" MORI_SOURCE_LOCATION ")");                                  \
     }                                                                                                       \
   } while (0)
 
 // Throws a SysError for errno `err` with a printf-style description of what was being done.
 #define MORI_THROW_SYS(err, ...)                                                                              \
-  throw ::mori::SysError((err), ::mori::StrFormat(__VA_ARGS__) + ": " + ::mori::ErrnoString(err) + " (" \
+  throw ::mori::core::SysError((err), ::mori::core::StrFormat(__VA_ARGS__) + ": " + ::mori::core::ErrnoString(err) + " (" \
                                     MORI_SOURCE_LOCATION ")")

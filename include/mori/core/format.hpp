@@ -3,11 +3,11 @@
 
 #include <string>
 
-namespace mori {
+namespace mori::core {
 
 std::string StrFormat(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // strerror_r in a form that is the same on glibc and musl.
 std::string ErrnoString(int err);
 
-}  // namespace mori
+}  // namespace mori::core

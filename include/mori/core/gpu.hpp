@@ -14,7 +14,7 @@
 #include <hip/hip_runtime.h>
 #endif
 
-namespace mori {
+namespace mori::core {
 
 #if MORI_BACKEND_CUDA
 
@@ -209,15 +209,15 @@ const char* GpuGetErrorString(GpuStatus s);
 
 #endif
 
-}  // namespace mori
+}  // namespace mori::core
 
-// Throws mori::GpuError naming the call and the runtime's message when a runtime call fails.
+// Throws mori::core::GpuError naming the call and the runtime's message when a runtime call fails.
 #define MORI_CHECK_GPU(call)                                                                                  \
   do {                                                                                                        \
-    ::mori::GpuStatus moriGpuStatus_ = (call);                                                                \
-    if (moriGpuStatus_ != ::mori::kGpuSuccess) {                                                              \
-      throw ::mori::GpuError(static_cast<int>(moriGpuStatus_),                                                \
-                             ::mori::StrFormat("%s failed: %s", #call, ::mori::GpuGetErrorString(moriGpuStatus_)) + \
+    ::mori::core::GpuStatus moriGpuStatus_ = (call);                                                                \
+    if (moriGpuStatus_ != ::mori::core::kGpuSuccess) {                                                              \
+      throw ::mori::core::GpuError(static_cast<int>(moriGpuStatus_),                                                \
+                             ::mori::core::StrFormat("%s failed: %s", #call, ::mori::core::GpuGetErrorString(moriGpuStatus_)) + \
                                  " (" MORI_SOURCE_LOCATION ")");                                              \
     }                                                                                                         \
   } while (0)

@@ -8,7 +8,7 @@
 
 #include <cstddef>
 
-namespace mori {
+namespace mori::core {
 
 enum class MemoryType { Device, HostPinned };
 
@@ -45,4 +45,4 @@ class GpuBuffer {
   int allocator_ = 0;           // AllocatorKind of src/core/allocation_registry.hpp
 };
 
-}  // namespace mori
+}  // namespace mori::core

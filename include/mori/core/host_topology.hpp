@@ -9,7 +9,7 @@
 
 #include "mori/core/bootstrap.hpp"
 
-namespace mori {
+namespace mori::core {
 
 // Hash of the host name, the kernel boot id and the network namespace of this process.
 uint64_t HostIdentity();
@@ -32,4 +32,4 @@ struct HostTopology {
 // Collective over the bootstrap.
 HostTopology DiscoverHostTopology(Bootstrap& bootstrap);
 
-}  // namespace mori
+}  // namespace mori::core

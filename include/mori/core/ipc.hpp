@@ -10,7 +10,7 @@
 #include "mori/core/timeout.hpp"
 #include "mori/core/unique_fd.hpp"
 
-namespace mori {
+namespace mori::core {
 
 class FdChannel {
  public:
@@ -42,4 +42,4 @@ class FdChannel {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace mori
+}  // namespace mori::core

@@ -13,7 +13,7 @@
 #include "mori/core/ipc.hpp"
 #include "mori/core/unique_fd.hpp"
 
-namespace mori {
+namespace mori::core {
 
 enum class IpcMemoryKind : uint32_t {
   HostMemfd = 1,   // memfd, mapped with mmap
@@ -71,4 +71,4 @@ std::vector<std::shared_ptr<IpcMemoryMapping>> ExchangeIpcMemory(Bootstrap& boot
                                                                  FdChannel& channel, const void* ptr, size_t bytes,
                                                                  uint64_t tag = 0);
 
-}  // namespace mori
+}  // namespace mori::core

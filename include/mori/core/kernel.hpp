@@ -13,7 +13,7 @@
 #include "mori/core/device.hpp"
 #include "mori/core/gpu.hpp"
 
-namespace mori {
+namespace mori::core {
 
 #if MORI_BACKEND_HOST
 
@@ -141,4 +141,4 @@ void LaunchKernel(void (*kernel)(Params...), Dim3 grid, Dim3 block, size_t share
 
 #endif  // MORI_DEVICE_API_AVAILABLE
 
-}  // namespace mori
+}  // namespace mori::core

@@ -8,7 +8,7 @@
 
 #include "mori/core/bootstrap.hpp"
 
-namespace mori {
+namespace mori::core {
 
 enum class Launcher { Single, Mori, Torchrun, Mpi };
 
@@ -31,4 +31,4 @@ LaunchEnvironment DetectLaunchEnvironment();
 // Under torchrun the root listens at MASTER_PORT + 1 (torchrun's own store holds MASTER_PORT).
 std::shared_ptr<Bootstrap> CreateBootstrapFromEnvironment(double timeoutSeconds = 0);
 
-}  // namespace mori
+}  // namespace mori::core

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-namespace mori {
+namespace mori::core {
 
 enum class LogLevel { Error = 0, Warn = 1, Info = 2, Debug = 3, Trace = 4 };
 
@@ -32,12 +32,12 @@ void ReloadLogSettings();
 const char* LogLevelName(LogLevel level);
 const char* LogSubsysName(LogSubsys subsys);
 
-}  // namespace mori
+}  // namespace mori::core
 
 #define MORI_LOG(level, subsys, ...)                                                                  \
   do {                                                                                                \
-    if (::mori::LogEnabled(::mori::LogLevel::level, ::mori::LogSubsys::subsys)) {                     \
-      ::mori::LogWrite(::mori::LogLevel::level, ::mori::LogSubsys::subsys, __FILE__, __LINE__, __VA_ARGS__); \
+    if (::mori::core::LogEnabled(::mori::core::LogLevel::level, ::mori::core::LogSubsys::subsys)) {                     \
+      ::mori::core::LogWrite(::mori::core::LogLevel::level, ::mori::core::LogSubsys::subsys, __FILE__, __LINE__, __VA_ARGS__); \
     }                                                                                                 \
   } while (0)
 

@@ -13,7 +13,7 @@
 
 #include "mori/core/bootstrap.hpp"
 
-namespace mori {
+namespace mori::core {
 
 // Every operation is bounded by MORI_TIMEOUT_S (or `timeoutSeconds`): requests are polled, not waited on,
 // so a rank that never arrives raises a TimeoutError naming it instead of hanging in MPI.
@@ -53,6 +53,6 @@ class MpiBootstrap : public Bootstrap {
   double timeout_ = 0;
 };
 
-}  // namespace mori
+}  // namespace mori::core
 
 #endif  // MORI_HAS_MPI

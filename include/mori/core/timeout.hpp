@@ -4,7 +4,7 @@
 
 #include <chrono>
 
-namespace mori {
+namespace mori::core {
 
 class Deadline {
  public:
@@ -27,4 +27,4 @@ class Deadline {
   double total_;
 };
 
-}  // namespace mori
+}  // namespace mori::core

@@ -7,7 +7,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/logging.hpp"
 
-namespace mori::cuda {
+namespace mori::core::cuda {
 
 namespace {
 
@@ -71,4 +71,4 @@ bool VmmFdSupported(int device) {
   }
 }
 
-}  // namespace mori::cuda
+}  // namespace mori::core::cuda

@@ -6,7 +6,7 @@
 
 #include "mori/core/errors.hpp"
 
-namespace mori::cuda {
+namespace mori::core::cuda {
 
 struct Driver {
   decltype(&::cuGetErrorString) getErrorString = nullptr;
@@ -37,15 +37,15 @@ void EnsureContext();
 // Can the current device export VMM allocations as POSIX file descriptors?
 bool VmmFdSupported(int device);
 
-}  // namespace mori::cuda
+}  // namespace mori::core::cuda
 
 #define MORI_CHECK_CU(call)                                                                              \
   do {                                                                                                   \
     CUresult moriCuStatus_ = (call);                                                                     \
     if (moriCuStatus_ != CUDA_SUCCESS) {                                                                 \
       const char* moriCuText_ = "unknown";                                                               \
-      ::mori::cuda::Driver::Get().getErrorString(moriCuStatus_, &moriCuText_);                           \
-      throw ::mori::GpuError(static_cast<int>(moriCuStatus_),                                            \
-                             ::mori::StrFormat("%s failed: %s", #call, moriCuText_) + " (" MORI_SOURCE_LOCATION ")"); \
+      ::mori::core::cuda::Driver::Get().getErrorString(moriCuStatus_, &moriCuText_);                           \
+      throw ::mori::core::GpuError(static_cast<int>(moriCuStatus_),                                            \
+                             ::mori::core::StrFormat("%s failed: %s", #call, moriCuText_) + " (" MORI_SOURCE_LOCATION ")"); \
     }                                                                                                    \
   } while (0)

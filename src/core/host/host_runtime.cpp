@@ -18,7 +18,7 @@
 #include "mori/core/kernel.hpp"
 #include "mori/core/logging.hpp"
 
-namespace mori {
+namespace mori::core {
 
 namespace host {
 
@@ -477,4 +477,4 @@ const char* GpuGetErrorString(GpuStatus s) {
   return "unknown error";
 }
 
-}  // namespace mori
+}  // namespace mori::core
