@@ -28,6 +28,11 @@ const std::vector<EnvParamInfo> kRegistry = {
      "address of rank 0's bootstrap listener: ip:port, [ipv6]:port or interface:ip:port"},
     {"MORI_RANK", EnvType::Int, "", "", "this process's rank when launched without mpirun or torchrun"},
     {"MORI_WORLD_SIZE", EnvType::Int, "", "", "number of ranks when launched without mpirun or torchrun"},
+    {"MORI_RDMA_BACKEND", EnvType::Choice, "auto", "auto|directverbs|ibverbs|emulated",
+     "which RDMA backend serves GPU-initiated transfers: auto picks DirectVerbs when an mlx5 NIC is present, "
+     "else the emulated NIC"},
+    {"MORI_RDMA_DEVICES", EnvType::String, "", "", "RDMA devices to use, comma separated (mlx5_0,mlx5_1); all when unset"},
+    {"MORI_RDMA_GID_INDEX", EnvType::Int, "-1", "", "GID index for RoCE; -1 picks 3 on Ethernet ports, 0 on InfiniBand"},
     {"MORI_CUDA_IPC", EnvType::Choice, "auto", "auto|vmm|legacy",
      "how GPU memory is shared with same-host peers: auto (VMM file descriptors when the driver supports "
      "them, else legacy IPC handles), vmm, legacy"},

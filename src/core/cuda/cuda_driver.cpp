@@ -55,6 +55,31 @@ void EnsureContext() {
   MORI_CHECK_GPU(cudaFree(nullptr));
 }
 
+bool GetDmaBufFd(const void* ptr, size_t bytes, int* fd, size_t* offset) {
+  static decltype(&::cuMemGetHandleForAddressRange) getHandle = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult status;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetHandleForAddressRange", &p, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return static_cast<decltype(&::cuMemGetHandleForAddressRange)>(nullptr);
+    }
+    return reinterpret_cast<decltype(&::cuMemGetHandleForAddressRange)>(p);
+  }();
+  if (getHandle == nullptr) return false;
+  const uintptr_t page = 4096;
+  uintptr_t start = reinterpret_cast<uintptr_t>(ptr) & ~(page - 1);
+  uintptr_t end = (reinterpret_cast<uintptr_t>(ptr) + bytes + page - 1) & ~(page - 1);
+  EnsureContext();
+  if (getHandle(fd, static_cast<CUdeviceptr>(start), end - start, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) !=
+      CUDA_SUCCESS) {
+    return false;
+  }
+  *offset = reinterpret_cast<uintptr_t>(ptr) - start;
+  return true;
+}
+
 bool VmmFdSupported(int device) {
   try {
     const Driver& d = Driver::Get();

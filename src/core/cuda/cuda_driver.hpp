@@ -34,6 +34,11 @@ struct Driver {
 // (address queries, imports) fail without one, and a thread that only allocated may not have it yet.
 void EnsureContext();
 
+// A dma-buf file descriptor for [ptr, ptr + bytes) of GPU memory, so a NIC can register it
+// (ibv_reg_dmabuf_mr). The range is widened to host pages; *offset is ptr's offset in it. False when the
+// driver or the memory cannot do it (the caller falls back to peer-memory registration).
+bool GetDmaBufFd(const void* ptr, size_t bytes, int* fd, size_t* offset);
+
 // Can the current device export VMM allocations as POSIX file descriptors?
 bool VmmFdSupported(int device);
 

@@ -1,0 +1,297 @@
+// RDMA device primitives: what a GPU thread (or, on HOST, a host thread) calls to build work-queue entries,
+// announce them to the NIC and reap completions, templated on the NIC's provider (MLX5 today; the template
+// leaves room for others). Two families:
+//   - the short forms of API.md (PostWrite(wq, qpn, ...), UpdateSendDbrRecord, RingDoorbell, PollCq(cqAddr,
+//     ...)): raw building blocks for one posting thread that keeps at most sqWqeNum WQEs outstanding;
+//   - ordered forms (Post*Ordered, QuietQueue): any number of threads may post to one QP at once; each
+//     reserves a slot, waits (bounded) while the send queue is full, retiring completions itself, and
+//     doorbells are rung in slot order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "mori/core/atomic.hpp"
+#include "mori/core/device.hpp"
+#include "mori/core/device_assert.hpp"
+#include "mori/core/kernel.hpp"
+#include "mori/rdma/queue_handles.hpp"
+
+namespace mori::rdma {
+
+enum class AtomicOp : uint32_t { FetchAdd = 0, CompareSwap = 1 };
+
+// PollCq results: an opcode (>= 0), nothing yet, or an error completion carrying its syndrome.
+constexpr int kCqEmpty = -1;
+constexpr int kCqErrorBase = -0x100;
+MORI_HOST_DEVICE_INLINE constexpr int CqErrorCode(uint8_t syndrome) { return kCqErrorBase - syndrome; }
+MORI_HOST_DEVICE_INLINE constexpr bool IsCqError(int result) { return result <= kCqErrorBase; }
+MORI_HOST_DEVICE_INLINE constexpr uint8_t CqErrorSyndrome(int result) {
+  return static_cast<uint8_t>(kCqErrorBase - result);
+}
+
+// What a completion said beyond its opcode.
+struct CqeInfo {
+  uint32_t wqeCounter;  // 16-bit index of the completed WQE (send or receive queue)
+  uint32_t byteCount;   // bytes received or read
+  uint32_t qpn;
+  bool isSend;          // a send-queue completion (else a receive)
+};
+
+#if MORI_DEVICE_API_AVAILABLE
+
+// ---- Provider-specific primitives ----
+// Each provider specialises ProviderOps<P> (mlx5/mlx5_primitives.hpp); the functions below forward to it.
+template <ProviderType P>
+struct ProviderOps;
+
+// Short forms: reserve the next slot with an atomic add, build the WQE (signaled), return the doorbell value.
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint64_t PostWrite(WorkQueueHandle& wq, uint32_t qpn, uintptr_t laddr, uint32_t lkey,
+                                           uintptr_t raddr, uint32_t rkey, size_t bytes) {
+  return ProviderOps<P>::Write(wq, ProviderOps<P>::NextSlot(wq), true, qpn, laddr, lkey, raddr, rkey, bytes);
+}
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint64_t PostRead(WorkQueueHandle& wq, uint32_t qpn, uintptr_t laddr, uint32_t lkey,
+                                          uintptr_t raddr, uint32_t rkey, size_t bytes) {
+  return ProviderOps<P>::Read(wq, ProviderOps<P>::NextSlot(wq), true, qpn, laddr, lkey, raddr, rkey, bytes);
+}
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint64_t PostWriteInline(WorkQueueHandle& wq, uint32_t qpn, const void* val, uintptr_t raddr,
+                                                 uint32_t rkey, size_t bytes) {
+  return ProviderOps<P>::WriteInline(wq, ProviderOps<P>::NextSlot(wq), true, qpn, val, raddr, rkey, bytes);
+}
+// 8-byte atomics: val1 is the addend (FetchAdd) or the new value (CompareSwap), val2 the compare value.
+template <ProviderType P, typename T>
+MORI_HOST_DEVICE_INLINE uint64_t PostAtomic(WorkQueueHandle& wq, uint32_t qpn, uintptr_t laddr, uint32_t lkey,
+                                            uintptr_t raddr, uint32_t rkey, T val1, T val2, AtomicOp op) {
+  return ProviderOps<P>::template Atomic<T>(wq, ProviderOps<P>::NextSlot(wq), true, qpn, laddr, lkey, raddr, rkey, val1,
+                                            val2, op);
+}
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint64_t PostSend(WorkQueueHandle& wq, uint32_t qpn, uintptr_t laddr, uint32_t lkey,
+                                          size_t bytes) {
+  return ProviderOps<P>::Send(wq, ProviderOps<P>::NextSlot(wq), true, qpn, laddr, lkey, bytes);
+}
+// Posts a receive buffer and publishes it to the NIC (one thread at a time per QP).
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE void PostRecv(WorkQueueHandle& wq, uintptr_t laddr, uint32_t lkey, size_t bytes) {
+  ProviderOps<P>::Recv(wq, laddr, lkey, bytes);
+}
+
+// Full forms: build the WQE in the given slot, signaled or not; return the doorbell value.
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint64_t PostWrite(WorkQueueHandle& wq, uint32_t slot, bool signal, uint32_t qpn,
+                                           uintptr_t laddr, uint32_t lkey, uintptr_t raddr, uint32_t rkey, size_t bytes) {
+  return ProviderOps<P>::Write(wq, slot, signal, qpn, laddr, lkey, raddr, rkey, bytes);
+}
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint64_t PostRead(WorkQueueHandle& wq, uint32_t slot, bool signal, uint32_t qpn, uintptr_t laddr,
+                                          uint32_t lkey, uintptr_t raddr, uint32_t rkey, size_t bytes) {
+  return ProviderOps<P>::Read(wq, slot, signal, qpn, laddr, lkey, raddr, rkey, bytes);
+}
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint64_t PostWriteInline(WorkQueueHandle& wq, uint32_t slot, bool signal, uint32_t qpn,
+                                                 const void* val, uintptr_t raddr, uint32_t rkey, size_t bytes) {
+  return ProviderOps<P>::WriteInline(wq, slot, signal, qpn, val, raddr, rkey, bytes);
+}
+template <ProviderType P, typename T>
+MORI_HOST_DEVICE_INLINE uint64_t PostAtomic(WorkQueueHandle& wq, uint32_t slot, bool signal, uint32_t qpn,
+                                            uintptr_t laddr, uint32_t lkey, uintptr_t raddr, uint32_t rkey, T val1,
+                                            T val2, AtomicOp op) {
+  return ProviderOps<P>::template Atomic<T>(wq, slot, signal, qpn, laddr, lkey, raddr, rkey, val1, val2, op);
+}
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint64_t PostSend(WorkQueueHandle& wq, uint32_t slot, bool signal, uint32_t qpn,
+                                          uintptr_t laddr, uint32_t lkey, size_t bytes) {
+  return ProviderOps<P>::Send(wq, slot, signal, qpn, laddr, lkey, bytes);
+}
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint64_t PostNop(WorkQueueHandle& wq, uint32_t slot, bool signal, uint32_t qpn) {
+  return ProviderOps<P>::Nop(wq, slot, signal, qpn);
+}
+
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE void UpdateSendDbrRecord(void* dbrRecAddr, uint32_t wqeIdx) {
+  ProviderOps<P>::UpdateSendDbrRecord(dbrRecAddr, wqeIdx);
+}
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE void RingDoorbell(void* dbrAddr, uint64_t dbrVal) {
+  ProviderOps<P>::RingDoorbell(dbrAddr, dbrVal);
+}
+// kCqEmpty, the completion's opcode, or CqErrorCode(syndrome). Advances *consIdx past what it returns.
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE int PollCq(void* cqAddr, uint32_t cqeNum, uint32_t* consIdx) {
+  return ProviderOps<P>::PollCq(cqAddr, cqeNum, consIdx, nullptr);
+}
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE void UpdateCqDbrRecord(void* dbrRecAddr, uint32_t consIdx) {
+  ProviderOps<P>::UpdateCqDbrRecord(dbrRecAddr, consIdx);
+}
+// Like the short PollCq, and on a send-queue completion (success or error) also marks every slot up to the
+// one it names as done in `wq`; *info (if given) receives the rest of the completion. One thread at a time
+// per CQ (RetireCompletions takes the CQ's lock for this).
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE int PollCq(CompletionQueueHandle& cq, WorkQueueHandle& wq, CqeInfo* info = nullptr) {
+  CqeInfo local{};
+  CqeInfo* out = info != nullptr ? info : &local;
+  int r = ProviderOps<P>::PollCq(cq.cqAddr, cq.cqeNum, &cq.consIdx, out);
+  if (r != kCqEmpty && out->isSend) {
+    // RC completes in order: the slot named and all before it are done. 16-bit counter, 32-bit slots.
+    uint32_t done = core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::Device>(&wq.doneIdx);
+    uint32_t completed = done + ((out->wqeCounter - done) & 0xffffu) + 1;
+    if (static_cast<int32_t>(completed - done) > 0) {
+      core::AtomicStore<core::MemoryOrder::Release, core::Scope::Device>(&wq.doneIdx, completed);
+    }
+  }
+  return r;
+}
+
+// ---- Ordered posting, built on the primitives above ----
+
+// Retires every completion available now (if no other thread is doing so), advancing wq.doneIdx; error
+// completions are counted in cq.errorCount, the first one kept in cq.firstError. Returns how many it retired.
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint32_t RetireCompletions(CompletionQueueHandle& cq, WorkQueueHandle& wq) {
+  using core::MemoryOrder;
+  using core::Scope;
+  if (core::AtomicCompareExchange<MemoryOrder::Acquire, Scope::Device>(&cq.pollLock, 0u, 1u) != 0u) return 0;
+  uint32_t retired = 0;
+  while (true) {
+    CqeInfo info{};
+    int r = PollCq<P>(cq, wq, &info);
+    if (r == kCqEmpty) break;
+    ++retired;
+    if (IsCqError(r)) {
+      if (core::AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(&cq.errorCount, 1u) == 0u) {
+        core::AtomicStore<MemoryOrder::Relaxed, Scope::Device>(
+            &cq.firstError, (uint32_t(CqErrorSyndrome(r)) << 16) | (info.wqeCounter & 0xffff));
+      }
+    }
+  }
+  if (retired > 0) UpdateCqDbrRecord<P>(cq.dbrRecAddr, cq.consIdx);
+  core::AtomicStore<MemoryOrder::Release, Scope::Device>(&cq.pollLock, 0u);
+  return retired;
+}
+
+// Reserves `n` consecutive slots, waiting while the send queue has no room for them. Traps, naming the QP
+// and the indices, when `timeoutNs` passes first.
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint32_t ReserveSendSlots(WorkQueueHandle& wq, CompletionQueueHandle& cq, uint32_t n,
+                                                  uint64_t timeoutNs) {
+  using core::MemoryOrder;
+  using core::Scope;
+  uint32_t slot = core::AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(&wq.postIdx, n);
+  core::SpinDeadline deadline(timeoutNs);
+  while (slot + n - core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.doneIdx) > wq.sqWqeNum) {
+    RetireCompletions<P>(cq, wq);
+    MORI_DEVICE_ASSERT(!deadline.Expired(),
+                       "qp %u: no room in the send queue for %llu ns (slot %u, %u completed, depth %u): completions "
+                       "stopped coming (peer gone? link down?)",
+                       wq.qpn, static_cast<unsigned long long>(timeoutNs), slot,
+                       core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&wq.doneIdx), wq.sqWqeNum);
+    core::SpinPause();
+  }
+  return slot;
+}
+
+// Announces slots [slot, slot + n) once every earlier slot has been announced, so the NIC never sees an
+// index whose WQE is not written yet.
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE void RingDoorbellOrdered(WorkQueueHandle& wq, uint32_t slot, uint32_t n, uint64_t dbrVal,
+                                                 uint64_t timeoutNs) {
+  using core::MemoryOrder;
+  using core::Scope;
+  core::SpinDeadline deadline(timeoutNs);
+  while (core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.dbTouchIdx) != slot) {
+    MORI_DEVICE_ASSERT(!deadline.Expired(), "qp %u: slot %u waited %llu ns for earlier slots' doorbells (at %u)",
+                       wq.qpn, slot, static_cast<unsigned long long>(timeoutNs),
+                       core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&wq.dbTouchIdx));
+    core::SpinPause();
+  }
+  UpdateSendDbrRecord<P>(wq.dbrRecAddr, slot + n);
+  RingDoorbell<P>(wq.dbrAddr, dbrVal);
+  core::AtomicStore<MemoryOrder::Release, Scope::Device>(&wq.dbTouchIdx, slot + n);
+}
+
+// An unsignaled WQE completes only through a later signaled one; so that a full queue can always drain,
+// ordered posting signals the last slot of every half-queue whatever the caller asked.
+MORI_HOST_DEVICE_INLINE bool SignalNeeded(const WorkQueueHandle& wq, uint32_t slot, bool signal) {
+  uint32_t half = wq.sqWqeNum > 1 ? wq.sqWqeNum / 2 : 1;
+  return signal || (slot & (half - 1)) == half - 1;
+}
+
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint32_t PostWriteOrdered(WorkQueueHandle& wq, CompletionQueueHandle& cq, uintptr_t laddr,
+                                                  uint32_t lkey, uintptr_t raddr, uint32_t rkey, size_t bytes,
+                                                  bool signal, uint64_t timeoutNs) {
+  uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
+  uint64_t dbr = PostWrite<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, raddr, rkey, bytes);
+  RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
+  return slot;
+}
+
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint32_t PostReadOrdered(WorkQueueHandle& wq, CompletionQueueHandle& cq, uintptr_t laddr,
+                                                 uint32_t lkey, uintptr_t raddr, uint32_t rkey, size_t bytes,
+                                                 bool signal, uint64_t timeoutNs) {
+  uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
+  uint64_t dbr = PostRead<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, raddr, rkey, bytes);
+  RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
+  return slot;
+}
+
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint32_t PostWriteInlineOrdered(WorkQueueHandle& wq, CompletionQueueHandle& cq, const void* val,
+                                                        uintptr_t raddr, uint32_t rkey, size_t bytes, bool signal,
+                                                        uint64_t timeoutNs) {
+  uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
+  uint64_t dbr = PostWriteInline<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, val, raddr, rkey, bytes);
+  RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
+  return slot;
+}
+
+template <ProviderType P, typename T>
+MORI_HOST_DEVICE_INLINE uint32_t PostAtomicOrdered(WorkQueueHandle& wq, CompletionQueueHandle& cq, uintptr_t laddr,
+                                                   uint32_t lkey, uintptr_t raddr, uint32_t rkey, T val1, T val2,
+                                                   AtomicOp op, bool signal, uint64_t timeoutNs) {
+  uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
+  uint64_t dbr = PostAtomic<P, T>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, raddr, rkey, val1, val2, op);
+  RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
+  return slot;
+}
+
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint32_t PostSendOrdered(WorkQueueHandle& wq, CompletionQueueHandle& cq, uintptr_t laddr,
+                                                 uint32_t lkey, size_t bytes, bool signal, uint64_t timeoutNs) {
+  uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
+  uint64_t dbr = PostSend<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, bytes);
+  RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
+  return slot;
+}
+
+// Waits until every WQE posted to `wq` before the call has completed (a signaled NOP covers unsignaled
+// ones). Returns the number of error completions seen so far on `cq`.
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint32_t QuietQueue(WorkQueueHandle& wq, CompletionQueueHandle& cq, uint64_t timeoutNs) {
+  using core::MemoryOrder;
+  using core::Scope;
+  uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
+  uint64_t dbr = PostNop<P>(wq, slot, true, wq.qpn);
+  RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
+  core::SpinDeadline deadline(timeoutNs);
+  while (static_cast<int32_t>(core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.doneIdx) - (slot + 1)) < 0) {
+    RetireCompletions<P>(cq, wq);
+    MORI_DEVICE_ASSERT(!deadline.Expired(), "qp %u: quiet waited %llu ns for slot %u (%u completed)", wq.qpn,
+                       static_cast<unsigned long long>(timeoutNs), slot,
+                       core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&wq.doneIdx));
+    core::SpinPause();
+  }
+  return core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&cq.errorCount);
+}
+
+#endif  // MORI_DEVICE_API_AVAILABLE
+
+}  // namespace mori::rdma
+
+#include "mori/rdma/mlx5/mlx5_primitives.hpp"

@@ -1,0 +1,37 @@
+// The emulated NIC's controls and counters, for tests and benchmarks: fault knobs (drop the link, add
+// delay, corrupt a key) and what it has executed. Reached from a device context of the Emulated backend.
+#pragma once
+
+#include <cstdint>
+
+#include "mori/rdma/rdma.hpp"
+
+namespace mori::rdma {
+
+struct EmulatedNicStats {
+  uint64_t wqesExecuted;    // send-queue WQEs the NIC has read and acted on (flushed ones included)
+  uint64_t bytesMoved;      // payload bytes written into registered memory on either side
+  uint64_t cqesWritten;
+  uint64_t requestsServed;  // requests from peers executed as responder
+};
+
+class EmulatedNicControl {
+ public:
+  virtual ~EmulatedNicControl() = default;
+  // Closes every wire connection now: WQEs in flight complete with transport-retry-exceeded errors and
+  // their QPs go to the error state; new connections fail until RestoreLink().
+  virtual void DropLink() = 0;
+  virtual void RestoreLink() = 0;
+  // Every WQE waits this long before the NIC executes it.
+  virtual void SetDelayMicroseconds(uint32_t us) = 0;
+  // The next RDMA WQE executed uses a wrong remote key (a remote access error follows).
+  virtual void CorruptNextRemoteKey() = 0;
+  // How long a send may wait for a receive buffer at the responder before it fails (RNR retries).
+  virtual void SetRnrTimeoutMilliseconds(uint32_t ms) = 0;
+  virtual EmulatedNicStats Stats() const = 0;
+};
+
+// The controls of an Emulated device context; nullptr for contexts of other backends.
+EmulatedNicControl* GetEmulatedNicControl(RdmaDeviceContext* context);
+
+}  // namespace mori::rdma

@@ -1,0 +1,75 @@
+// Plain structs that describe an RDMA endpoint's queues and keys, shared by host and device code and
+// safe to send to a peer as bytes. A kernel works on WorkQueueHandle / CompletionQueueHandle placed in
+// memory it can reach (device or host-pinned memory): their index fields are updated atomically by the
+// threads that post and poll. Includes nothing host-only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace mori::rdma {
+
+enum class ProviderType : uint32_t { Unknown = 0, MLX5 = 1, IBVerbs = 2 };
+
+// What a peer needs to connect to an endpoint: plain bytes. `gid` is the RoCE/IB GID (the emulated NIC
+// uses the IPv4-mapped address of its wire); `wirePort` is the emulated NIC's TCP port (0 otherwise).
+struct RdmaEndpointHandle {
+  uint32_t psn;
+  uint32_t qpn;
+  uint32_t portId;
+  uint16_t lid;
+  uint16_t wirePort;
+  uint8_t gid[16];
+  uint32_t mtu;       // path MTU in bytes
+  uint32_t provider;  // ProviderType of the NIC that made it
+};
+static_assert(sizeof(RdmaEndpointHandle) == 40 && std::is_trivially_copyable_v<RdmaEndpointHandle>,
+              "RdmaEndpointHandle travels as bytes");
+
+// A registered memory region: what a local post needs (addr, lkey) and what a remote post needs (addr, rkey).
+struct RdmaMemoryRegion {
+  uintptr_t addr;
+  uint32_t lkey;
+  uint32_t rkey;
+  size_t length;
+};
+static_assert(std::is_trivially_copyable_v<RdmaMemoryRegion>, "RdmaMemoryRegion travels as bytes");
+
+// A send queue (and the receive queue of the same QP). Slots are numbered by a free-running 32-bit counter;
+// slot s lives at sqAddr + (s % sqWqeNum) * 64.
+//   postIdx     next slot to reserve (threads reserve with an atomic add)
+//   dbTouchIdx  slots before it are announced to the NIC: doorbells are rung in slot order
+//   doneIdx     slots before it have completed (advanced from CQEs by whoever polls)
+struct WorkQueueHandle {
+  void* sqAddr;
+  uint32_t sqWqeNum;  // power of two
+  uint32_t postIdx;
+  uint32_t dbTouchIdx;
+  uint32_t doneIdx;
+  void* dbrRecAddr;    // the send-queue doorbell record (a big-endian word: the next slot's index)
+  void* dbrAddr;       // the doorbell register (UAR / BlueFlame), written with 8 bytes
+  void* rqAddr;
+  uint32_t rqWqeNum;   // power of two
+  uint32_t rqPostIdx;
+  void* rqDbrRecAddr;  // the receive-queue doorbell record
+  uint32_t qpn;
+  uint32_t maxInlineData;
+};
+static_assert(std::is_trivially_copyable_v<WorkQueueHandle>, "WorkQueueHandle is plain data");
+
+// A completion queue. consIdx counts consumed entries; entry i lives at cqAddr + (i % cqeNum) * cqeSize and
+// belongs to software when its owner bit equals (i / cqeNum) & 1.
+struct CompletionQueueHandle {
+  void* cqAddr;
+  uint32_t cqeNum;  // power of two
+  uint32_t cqeSize;
+  uint32_t consIdx;
+  uint32_t pollLock;     // taken by the thread that retires completions for flow control
+  void* dbrRecAddr;      // consumer-index doorbell record
+  uint32_t errorCount;   // error CQEs seen while retiring completions for flow control
+  uint32_t firstError;   // syndrome << 16 | wqe counter of the first of them
+};
+static_assert(std::is_trivially_copyable_v<CompletionQueueHandle>, "CompletionQueueHandle is plain data");
+
+}  // namespace mori::rdma

@@ -1,0 +1,36 @@
+// How the emulated NIC reaches registered memory: host memory directly, GPU memory through the GPU runtime
+// (a copy-engine transfer on the NIC's own stream), the way a real NIC's DMA engine would reach either.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "mori/core/gpu.hpp"
+#include "mori/rdma/device_primitives.hpp"
+
+namespace mori::rdma::emulated {
+
+class NicMemory {
+ public:
+  NicMemory() = default;
+  ~NicMemory();
+  NicMemory(const NicMemory&) = delete;
+  NicMemory& operator=(const NicMemory&) = delete;
+
+  // Whether `p` is GPU memory (device memory of a GPU backend), and of which GPU.
+  static bool IsDeviceMemory(const void* p, int* gpu);
+
+  void Read(void* dst, uintptr_t src, size_t bytes, bool device, int gpu);
+  void Write(uintptr_t dst, const void* src, size_t bytes, bool device, int gpu);
+  // 8-byte atomic at `addr` (8-aligned). On host memory it is a CPU atomic, so host threads' atomics on the
+  // same word stay atomic with it; on GPU memory it is a read-modify-write serialised by the NIC, atomic
+  // with respect to other RDMA atomics, as on real NICs.
+  uint64_t Atomic(uintptr_t addr, AtomicOp op, uint64_t swapAdd, uint64_t compare, bool device, int gpu);
+
+ private:
+  void UseGpu(int gpu);
+  core::GpuStream stream_ = nullptr;
+  int streamGpu_ = -1;
+};
+
+}  // namespace mori::rdma::emulated

@@ -1,0 +1,926 @@
+#include "soft_nic.hpp"
+
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "mori/core/atomic.hpp"
+#include "mori/core/errors.hpp"
+#include "mori/core/logging.hpp"
+#include "mori/rdma/device_primitives.hpp"
+#include "mori/rdma/mlx5/mlx5_prm.hpp"
+
+namespace mori::rdma::emulated {
+
+using namespace mlx5;
+using core::AtomicLoad;
+using core::AtomicStore;
+using core::BeToHost16;
+using core::BeToHost32;
+using core::BeToHost64;
+using core::HostToBe16;
+using core::HostToBe32;
+using core::MemoryOrder;
+using core::Scope;
+
+namespace {
+
+// WQEs one QP may have on the wire at once: keeps buffers bounded, as a NIC's outstanding-request limit does.
+constexpr size_t kMaxInFlightPerQp = 256;
+constexpr uint32_t kMaxSendQueueDepth = 32768;  // 16-bit WQE counters must not alias
+// The engine spins while there is work and for this long after; then it sleeps in poll() between looks.
+constexpr auto kSpinAfterWork = std::chrono::milliseconds(50);
+
+uint32_t RoundUpPow2(uint32_t v) {
+  uint32_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+uint32_t RandomU32() {
+  uint32_t v = 0;
+  if (getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
+    v = static_cast<uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+  return v;
+}
+
+std::atomic<uint32_t>& NextQpn() {
+  static std::atomic<uint32_t> next{0x100 + (RandomU32() & 0xfff) * 0x100};
+  return next;
+}
+
+size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+std::string CheckPacketHeader(const PacketHeader& h) {
+  if (h.magic != kWireMagic) return core::StrFormat("bad magic 0x%08x (not an emulated NIC)", h.magic);
+  if (h.version != kWireVersion) return core::StrFormat("wire version %u, this NIC speaks %u", h.version, kWireVersion);
+  if (!IsRequest(h.type) && !IsResponse(h.type)) return core::StrFormat("unknown packet type %u", h.type);
+  if (h.length > kMaxWirePayload) {
+    return core::StrFormat("payload of %llu bytes beyond the %llu-byte limit", static_cast<unsigned long long>(h.length),
+                           static_cast<unsigned long long>(kMaxWirePayload));
+  }
+  bool carriesPayload = h.type == static_cast<uint8_t>(PacketType::WriteRequest) ||
+                        h.type == static_cast<uint8_t>(PacketType::SendRequest) ||
+                        h.type == static_cast<uint8_t>(PacketType::ReadResponse);
+  if (!carriesPayload && h.type != static_cast<uint8_t>(PacketType::ReadRequest) && h.length != 0) {
+    return core::StrFormat("packet type %u with a %llu-byte payload", h.type, static_cast<unsigned long long>(h.length));
+  }
+  return "";
+}
+
+SoftNic::SoftNic(RdmaDevice* device) : RdmaDeviceContext(device) {
+  listenAddr_ = net::PickLocalAddress();
+  listenAddr_.SetPort(0);
+  listener_ = net::Listen(listenAddr_);
+  net::SetNonBlocking(listener_.Get(), true);
+  lastWork_ = Clock::now();
+  engine_ = std::thread([this] { Run(); });
+  MORI_LOG_INFO(Rdma, "emulated NIC up, wire at %s", listenAddr_.ToString().c_str());
+}
+
+SoftNic::~SoftNic() {
+  stop_.store(true);
+  if (engine_.joinable()) engine_.join();
+}
+
+EmulatedNicStats SoftNic::Stats() const {
+  return {wqesExecuted_.load(), bytesMoved_.load(), cqesWritten_.load(), requestsServed_.load()};
+}
+
+// ---------------------------------------------------------------- setup
+
+RdmaEndpoint SoftNic::CreateRdmaEndpoint(const RdmaEndpointConfig& config) {
+  MORI_CHECK(config.maxMsgsNum >= 1 && config.maxMsgsNum <= kMaxSendQueueDepth, core::ErrorCode::InvalidUsage,
+             "emulated NIC: send-queue depth %u outside [1, %u]", config.maxMsgsNum, kMaxSendQueueDepth);
+  MORI_CHECK(config.maxRecvNum >= 1 && config.maxRecvNum <= kMaxSendQueueDepth, core::ErrorCode::InvalidUsage,
+             "emulated NIC: receive-queue depth %u outside [1, %u]", config.maxRecvNum, kMaxSendQueueDepth);
+  MORI_CHECK(config.maxCqeNum >= 1 && config.maxCqeNum <= (1u << 22), core::ErrorCode::InvalidUsage,
+             "emulated NIC: CQ depth %u outside [1, 4M]", config.maxCqeNum);
+  MORI_CHECK(config.portId == 1, core::ErrorCode::InvalidUsage, "emulated NIC: port %u does not exist (it has port 1)",
+             config.portId);
+  auto qp = std::make_unique<Qp>();
+  qp->config = config;
+  qp->sqDepth = RoundUpPow2(config.maxMsgsNum);
+  qp->rqDepth = RoundUpPow2(config.maxRecvNum);
+  qp->cqDepth = RoundUpPow2(config.maxCqeNum);
+  qp->maxInline = std::min<uint32_t>(config.maxInlineData, kMaxInlineInOneBlock);
+  // One host-pinned allocation, GPU-mapped: send queue, receive queue, doorbell records, doorbell, CQ.
+  size_t sqBytes = size_t(qp->sqDepth) * kSendWqeBasicBlock;
+  size_t rqOff = AlignUp(sqBytes, 64);
+  size_t dbrOff = AlignUp(rqOff + size_t(qp->rqDepth) * kReceiveWqeBytes, 64);
+  size_t uarOff = dbrOff + 64;
+  size_t cqOff = uarOff + 64;
+  size_t cqDbrOff = cqOff + size_t(qp->cqDepth) * kCqeBytes;
+  size_t total = cqDbrOff + 64;
+  qp->memory = core::GpuBuffer(total, core::MemoryType::HostPinned);
+  auto* base = qp->memory.DataAs<uint8_t>();
+  std::memset(base, 0, total);
+  qp->sq = base;
+  qp->rq = base + rqOff;
+  qp->dbrec = reinterpret_cast<uint32_t*>(base + dbrOff);
+  qp->uar = reinterpret_cast<uint64_t*>(base + uarOff);
+  qp->cq = base + cqOff;
+  qp->cqDbrec = reinterpret_cast<uint32_t*>(base + cqDbrOff);
+  // Empty entries, as rdma-core's mlx5 provider initialises a CQ: invalid opcode, owner bit 0.
+  for (uint32_t i = 0; i < qp->cqDepth; ++i) qp->cq[size_t(i) * kCqeBytes + offsetof(Cqe64, opOwn)] = kCqeInvalid << 4;
+  qp->qpn = NextQpn().fetch_add(1) & 0xffffff;
+  qp->state = Qp::State::Reset;
+
+  RdmaEndpoint ep;
+  ep.handle.psn = RandomU32() & 0xffffff;
+  ep.handle.qpn = qp->qpn;
+  ep.handle.portId = config.portId;
+  ep.handle.lid = 0;
+  ep.handle.wirePort = listenAddr_.Port();
+  net::WireAddress w = listenAddr_.ToWire();
+  std::memset(ep.handle.gid, 0, sizeof(ep.handle.gid));
+  if (w.family == AF_INET) {  // IPv4-mapped GID, as RoCE v2 writes an IPv4 address
+    ep.handle.gid[10] = 0xff;
+    ep.handle.gid[11] = 0xff;
+    std::memcpy(ep.handle.gid + 12, w.addr, 4);
+  } else {
+    std::memcpy(ep.handle.gid, w.addr, 16);
+  }
+  ep.handle.mtu = 4096;
+  ep.handle.provider = static_cast<uint32_t>(ProviderType::MLX5);
+  ep.wqHandle.sqAddr = qp->sq;
+  ep.wqHandle.sqWqeNum = qp->sqDepth;
+  ep.wqHandle.dbrRecAddr = &qp->dbrec[kSendDbrIndex];
+  ep.wqHandle.dbrAddr = qp->uar;
+  ep.wqHandle.rqAddr = qp->rq;
+  ep.wqHandle.rqWqeNum = qp->rqDepth;
+  ep.wqHandle.rqDbrRecAddr = &qp->dbrec[kReceiveDbrIndex];
+  ep.wqHandle.qpn = qp->qpn;
+  ep.wqHandle.maxInlineData = qp->maxInline;
+  ep.cqHandle.cqAddr = qp->cq;
+  ep.cqHandle.cqeNum = qp->cqDepth;
+  ep.cqHandle.cqeSize = kCqeBytes;
+  ep.cqHandle.dbrRecAddr = qp->cqDbrec;
+
+  std::lock_guard<std::mutex> lock(mutex_);
+  qps_[qp->qpn] = std::move(qp);
+  return ep;
+}
+
+SoftNic::Qp& SoftNic::QpOf(const RdmaEndpointHandle& h, const char* what) {
+  auto it = qps_.find(h.qpn);
+  MORI_CHECK(it != qps_.end(), core::ErrorCode::InvalidUsage, "emulated NIC %s: QP %u is not one of this context's",
+             what, h.qpn);
+  return *it->second;
+}
+
+SoftNic::Qp* SoftNic::FindQp(uint32_t qpn) {
+  auto it = qps_.find(qpn);
+  return it == qps_.end() ? nullptr : it->second.get();
+}
+
+void SoftNic::ConnectEndpoint(const RdmaEndpointHandle& local, const RdmaEndpointHandle& remote) {
+  MORI_CHECK(remote.provider == static_cast<uint32_t>(ProviderType::MLX5) && remote.wirePort != 0,
+             core::ErrorCode::InvalidUsage,
+             "emulated NIC: the remote endpoint (QP %u) was not made by an emulated NIC (no wire port)", remote.qpn);
+  net::WireAddress w{};
+  static const uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  if (std::memcmp(remote.gid, kMappedPrefix, 12) == 0) {
+    w.family = AF_INET;
+    std::memcpy(w.addr, remote.gid + 12, 4);
+  } else {
+    w.family = AF_INET6;
+    std::memcpy(w.addr, remote.gid, 16);
+  }
+  w.port = remote.wirePort;
+  std::lock_guard<std::mutex> lock(mutex_);
+  Qp& qp = QpOf(local, "ConnectEndpoint");
+  MORI_CHECK(!qp.connected, core::ErrorCode::InvalidUsage, "emulated NIC: QP %u is already connected", qp.qpn);
+  qp.remoteAddr = net::SocketAddress::FromWire(w);
+  qp.remoteQpn = remote.qpn;
+  qp.nextPsn = local.psn;
+  qp.connected = true;
+  qp.state = Qp::State::Ready;
+  MORI_LOG_DEBUG(Rdma, "emulated QP %u connected to QP %u at %s", qp.qpn, remote.qpn, qp.remoteAddr.ToString().c_str());
+}
+
+void SoftNic::DestroyRdmaEndpoint(const RdmaEndpointHandle& local) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    qps_.erase(local.qpn);
+  }
+  hostQueues_.Forget(local.qpn);
+}
+
+RdmaMemoryRegion SoftNic::RegisterRdmaMemoryRegion(void* ptr, size_t bytes, uint32_t access) {
+  MORI_CHECK(ptr != nullptr && bytes > 0, core::ErrorCode::InvalidUsage,
+             "emulated NIC: cannot register %zu bytes at %p", bytes, ptr);
+  MORI_CHECK((access & ~kRdmaAccessAll) == 0, core::ErrorCode::InvalidUsage,
+             "emulated NIC: unknown access flags 0x%x", access);
+  Region r{};
+  r.addr = reinterpret_cast<uintptr_t>(ptr);
+  r.length = bytes;
+  r.access = access;
+  r.device = NicMemory::IsDeviceMemory(ptr, &r.gpu);
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& [key, other] : regions_) {
+    MORI_CHECK(other.addr != r.addr, core::ErrorCode::InvalidUsage,
+               "emulated NIC: %p is already registered (key 0x%x)", ptr, key);
+  }
+  do {
+    r.key = RandomU32();
+  } while (r.key == 0 || regions_.count(r.key) != 0);
+  regions_[r.key] = r;
+  return RdmaMemoryRegion{r.addr, r.key, r.key, bytes};
+}
+
+void SoftNic::DeregisterRdmaMemoryRegion(void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = regions_.begin(); it != regions_.end(); ++it) {
+    if (it->second.addr == reinterpret_cast<uintptr_t>(ptr)) {
+      regions_.erase(it);
+      return;
+    }
+  }
+  MORI_THROW(core::ErrorCode::InvalidUsage, "emulated NIC: %p is not a registered region", ptr);
+}
+
+const SoftNic::Region* SoftNic::FindRegion(uint32_t key) const {
+  auto it = regions_.find(key);
+  return it == regions_.end() ? nullptr : &it->second;
+}
+
+uint8_t SoftNic::CheckLocal(uint32_t lkey, uintptr_t addr, size_t bytes, bool write, const Region** region) const {
+  *region = nullptr;
+  if (bytes == 0) return 0;
+  const Region* r = FindRegion(lkey);
+  if (r == nullptr || addr < r->addr || bytes > r->length || addr - r->addr > r->length - bytes) {
+    return kSyndromeLocalProtErr;
+  }
+  if (write && !(r->access & kRdmaAccessLocalWrite)) return kSyndromeLocalProtErr;
+  *region = r;
+  return 0;
+}
+
+uint8_t SoftNic::CheckRemote(uint32_t rkey, uintptr_t addr, size_t bytes, uint32_t access,
+                             const Region** region) const {
+  *region = nullptr;
+  const Region* r = FindRegion(rkey);
+  if (r == nullptr || (r->access & access) != access) return kSyndromeRemoteAccessErr;
+  if (bytes > 0 && (addr < r->addr || bytes > r->length || addr - r->addr > r->length - bytes)) {
+    return kSyndromeRemoteAccessErr;
+  }
+  *region = r;
+  return 0;
+}
+
+// ---------------------------------------------------------------- fault knobs
+
+void SoftNic::DropLink() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  linkDropped_.store(true);
+  for (auto& link : links_) {
+    if (!link->dead) KillLink(*link, "the link was dropped (fault knob)");
+  }
+}
+
+void SoftNic::RestoreLink() { linkDropped_.store(false); }
+
+// ---------------------------------------------------------------- engine
+
+void SoftNic::Run() {
+  while (!stop_.load(std::memory_order_relaxed)) {
+    bool work = false;
+    Clock::time_point now = Clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& [qpn, qp] : qps_) {
+        work |= PumpSendQueue(*qp, now);
+        work |= PumpRequests(*qp, now);
+        work |= PumpCompletions(*qp);
+      }
+      ReapLinks();
+    }
+    if (work) lastWork_ = now;
+    bool idle = now - lastWork_ > kSpinAfterWork;
+    try {
+      if (PollLinks(idle ? 1 : 0)) lastWork_ = Clock::now();
+    } catch (const std::exception& e) {
+      MORI_LOG_ERROR(Rdma, "emulated NIC engine: %s", e.what());
+    }
+    if (!idle) std::this_thread::yield();
+  }
+}
+
+bool SoftNic::PumpSendQueue(Qp& qp, Clock::time_point now) {
+  uint32_t pi = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(&qp.dbrec[kSendDbrIndex])) & 0xffffu;
+  bool work = false;
+  while ((qp.sqConsumed & 0xffffu) != pi) {
+    if (qp.blocked || qp.inflight.size() >= kMaxInFlightPerQp) break;
+    uint32_t delay = delayUs_.load(std::memory_order_relaxed);
+    if (delay > 0) {
+      if (!qp.waitingDelay) {
+        qp.sqEligible = now + std::chrono::microseconds(delay);
+        qp.waitingDelay = true;
+      }
+      if (now < qp.sqEligible) break;
+      qp.waitingDelay = false;
+    }
+    StartWqe(qp, qp.sqConsumed, now);
+    ++qp.sqConsumed;
+    wqesExecuted_.fetch_add(1, std::memory_order_relaxed);
+    work = true;
+  }
+  return work;
+}
+
+void SoftNic::FailWqe(Qp& qp, uint32_t slot, uint8_t opcode, bool signaled, uint8_t syndrome) {
+  InFlight f{};
+  f.slot = slot;
+  f.opcode = opcode;
+  f.signaled = signaled;
+  f.done = true;
+  f.syndrome = syndrome;
+  qp.inflight.push_back(f);
+  if (syndrome != kSyndromeWrFlushErr) qp.blocked = true;
+}
+
+bool SoftNic::StartWqe(Qp& qp, uint32_t slot, Clock::time_point now) {
+  (void)now;
+  uint8_t wqe[kSendWqeBasicBlock];
+  std::memcpy(wqe, qp.sq + size_t(slot & (qp.sqDepth - 1)) * kSendWqeBasicBlock, sizeof(wqe));
+  uint32_t opmodIdxOpcode = BeToHost32(*reinterpret_cast<uint32_t*>(wqe));
+  uint32_t qpnDs = BeToHost32(*reinterpret_cast<uint32_t*>(wqe + 4));
+  uint8_t opcode = opmodIdxOpcode & 0xff;
+  uint32_t index = (opmodIdxOpcode >> 8) & 0xffff;
+  uint32_t ds = qpnDs & 0x3f;
+  bool signaled = (wqe[offsetof(WqeCtrlSeg, fmCeSe)] & kCtrlCqUpdate) != 0;
+
+  if (qp.state == Qp::State::Error) {
+    FailWqe(qp, slot, opcode, signaled, kSyndromeWrFlushErr);
+    return false;
+  }
+  // A WQE that does not describe itself consistently, or a QP that cannot send: local QP operation error.
+  uint32_t minDs = opcode == kOpcodeNop ? 1
+                   : opcode == kOpcodeSend ? kSendWqeDs
+                   : (opcode == kOpcodeAtomicCompareSwap || opcode == kOpcodeAtomicFetchAdd) ? kAtomicWqeDs
+                   : 3;
+  bool known = opcode == kOpcodeNop || opcode == kOpcodeRdmaWrite || opcode == kOpcodeRdmaRead || opcode == kOpcodeSend ||
+               opcode == kOpcodeAtomicCompareSwap || opcode == kOpcodeAtomicFetchAdd;
+  if (!known || index != (slot & 0xffffu) || (qpnDs >> 8) != qp.qpn || ds < minDs || ds > 4 ||
+      (opcode != kOpcodeNop && (!qp.connected || qp.state != Qp::State::Ready))) {
+    MORI_LOG_DEBUG(Rdma, "QP %u slot %u: malformed WQE (opcode 0x%x, index %u, qpn %u, ds %u)", qp.qpn, slot, opcode,
+                   index, qpnDs >> 8, ds);
+    FailWqe(qp, slot, opcode, signaled, kSyndromeLocalQpOpErr);
+    return false;
+  }
+  InFlight f{};
+  f.slot = slot;
+  f.opcode = opcode;
+  f.signaled = signaled;
+  if (opcode == kOpcodeNop) {
+    f.done = true;
+    qp.inflight.push_back(f);
+    return true;
+  }
+
+  PacketHeader h{};
+  h.magic = kWireMagic;
+  h.version = kWireVersion;
+  h.srcQpn = qp.qpn;
+  h.dstQpn = qp.remoteQpn;
+  const uint8_t* payload = nullptr;
+  size_t payloadBytes = 0;
+  const WqeRaddrSeg* raddr = reinterpret_cast<const WqeRaddrSeg*>(wqe + sizeof(WqeCtrlSeg));
+  h.raddr = BeToHost64(raddr->raddr);
+  h.rkey = BeToHost32(raddr->rkey);
+
+  if (opcode == kOpcodeRdmaWrite) {
+    const uint8_t* seg = wqe + sizeof(WqeCtrlSeg) + sizeof(WqeRaddrSeg);
+    uint32_t byteCount = BeToHost32(*reinterpret_cast<const uint32_t*>(seg));
+    h.type = static_cast<uint8_t>(PacketType::WriteRequest);
+    if (byteCount & kInlineSegFlag) {
+      uint32_t len = byteCount & ~kInlineSegFlag;
+      if (len > qp.maxInline || sizeof(WqeCtrlSeg) + sizeof(WqeRaddrSeg) + sizeof(WqeInlineSeg) + len > ds * kSegmentBytes) {
+        FailWqe(qp, slot, opcode, signaled, kSyndromeLocalLengthErr);
+        return false;
+      }
+      payload = seg + sizeof(WqeInlineSeg);
+      payloadBytes = len;
+    } else {
+      const WqeDataSeg* data = reinterpret_cast<const WqeDataSeg*>(seg);
+      uint32_t lkey = BeToHost32(data->lkey);
+      uintptr_t laddr = BeToHost64(data->addr);
+      const Region* region = nullptr;
+      uint8_t bad = CheckLocal(lkey, laddr, byteCount, false, &region);
+      if (bad != 0) {
+        FailWqe(qp, slot, opcode, signaled, bad);
+        return false;
+      }
+      scratch_.resize(byteCount);
+      if (byteCount > 0) memory_.Read(scratch_.data(), laddr, byteCount, region->device, region->gpu);
+      payload = scratch_.data();
+      payloadBytes = byteCount;
+    }
+  } else if (opcode == kOpcodeRdmaRead) {
+    const WqeDataSeg* data = reinterpret_cast<const WqeDataSeg*>(wqe + sizeof(WqeCtrlSeg) + sizeof(WqeRaddrSeg));
+    f.length = BeToHost32(data->byteCount);
+    f.laddr = BeToHost64(data->addr);
+    uint8_t bad = CheckLocal(BeToHost32(data->lkey), f.laddr, f.length, true, &f.local);
+    if (bad != 0) {
+      FailWqe(qp, slot, opcode, signaled, bad);
+      return false;
+    }
+    h.type = static_cast<uint8_t>(PacketType::ReadRequest);
+    h.length = f.length;
+  } else if (opcode == kOpcodeAtomicCompareSwap || opcode == kOpcodeAtomicFetchAdd) {
+    const WqeAtomicSeg* atomic = reinterpret_cast<const WqeAtomicSeg*>(wqe + sizeof(WqeCtrlSeg) + sizeof(WqeRaddrSeg));
+    const WqeDataSeg* data = reinterpret_cast<const WqeDataSeg*>(wqe + sizeof(WqeCtrlSeg) + sizeof(WqeRaddrSeg) +
+                                                                 sizeof(WqeAtomicSeg));
+    f.length = BeToHost32(data->byteCount);
+    f.laddr = BeToHost64(data->addr);
+    if (f.length != 8) {
+      FailWqe(qp, slot, opcode, signaled, kSyndromeLocalLengthErr);
+      return false;
+    }
+    uint8_t bad = CheckLocal(BeToHost32(data->lkey), f.laddr, 8, true, &f.local);
+    if (bad != 0) {
+      FailWqe(qp, slot, opcode, signaled, bad);
+      return false;
+    }
+    h.type = static_cast<uint8_t>(PacketType::AtomicRequest);
+    h.atomicOp = static_cast<uint8_t>(opcode == kOpcodeAtomicCompareSwap ? AtomicOp::CompareSwap : AtomicOp::FetchAdd);
+    h.swapAdd = BeToHost64(atomic->swapAdd);
+    h.compare = BeToHost64(atomic->compare);
+  } else {  // send
+    const WqeDataSeg* data = reinterpret_cast<const WqeDataSeg*>(wqe + sizeof(WqeCtrlSeg));
+    uint32_t len = BeToHost32(data->byteCount);
+    uintptr_t laddr = BeToHost64(data->addr);
+    const Region* region = nullptr;
+    uint8_t bad = CheckLocal(BeToHost32(data->lkey), laddr, len, false, &region);
+    if (bad != 0) {
+      FailWqe(qp, slot, opcode, signaled, bad);
+      return false;
+    }
+    scratch_.resize(len);
+    if (len > 0) memory_.Read(scratch_.data(), laddr, len, region->device, region->gpu);
+    payload = scratch_.data();
+    payloadBytes = len;
+    h.type = static_cast<uint8_t>(PacketType::SendRequest);
+    h.raddr = 0;
+    h.rkey = 0;
+  }
+  if (opcode != kOpcodeSend && corruptNextRkey_.exchange(false)) h.rkey ^= 0x5a5a5a5au;
+  Link* link = OutgoingLink(qp);
+  if (link == nullptr) {
+    FailWqe(qp, slot, opcode, signaled, kSyndromeTransportRetryExcErr);
+    return false;
+  }
+  h.psn = qp.nextPsn;
+  qp.nextPsn = (qp.nextPsn + 1) & 0xffffff;
+  f.psn = h.psn;
+  if (h.type != static_cast<uint8_t>(PacketType::ReadRequest)) h.length = payloadBytes;
+  qp.inflight.push_back(f);
+  Send(*link, h, payload, payloadBytes);
+  return true;
+}
+
+SoftNic::Link* SoftNic::OutgoingLink(Qp& qp) {
+  if (qp.link != nullptr && !qp.link->dead) return qp.link;
+  if (linkDropped_.load()) return nullptr;
+  for (auto& link : links_) {
+    if (link->outgoing && !link->dead && link->peer.ToString() == qp.remoteAddr.ToString()) {
+      qp.link = link.get();
+      return qp.link;
+    }
+  }
+  try {
+    auto link = std::make_unique<Link>();
+    link->fd = net::ConnectWithRetry(qp.remoteAddr, core::Deadline::After(2), "the emulated NIC of QP " +
+                                                                                   std::to_string(qp.remoteQpn));
+    net::SetNonBlocking(link->fd.Get(), true);
+    link->peer = qp.remoteAddr;
+    link->outgoing = true;
+    qp.link = link.get();
+    links_.push_back(std::move(link));
+    return qp.link;
+  } catch (const core::Error& e) {
+    MORI_LOG_WARN(Rdma, "emulated QP %u: %s", qp.qpn, e.what());
+    return nullptr;
+  }
+}
+
+void SoftNic::Send(Link& link, const PacketHeader& h, const void* payload, size_t bytes) {
+  std::vector<uint8_t> packet(sizeof(h) + bytes);
+  std::memcpy(packet.data(), &h, sizeof(h));
+  if (bytes > 0) std::memcpy(packet.data() + sizeof(h), payload, bytes);
+  link.tx.push_back(std::move(packet));
+  WriteLink(link);
+}
+
+void SoftNic::Respond(Link& link, const PacketHeader& request, PacketType type, uint8_t syndrome, const void* payload,
+                      size_t bytes, uint64_t value) {
+  if (link.dead) return;
+  PacketHeader h{};
+  h.magic = kWireMagic;
+  h.version = kWireVersion;
+  h.type = static_cast<uint8_t>(type);
+  h.syndrome = syndrome;
+  h.srcQpn = request.dstQpn;
+  h.dstQpn = request.srcQpn;
+  h.psn = request.psn;
+  h.swapAdd = value;
+  h.length = bytes;
+  Send(link, h, payload, bytes);
+}
+
+void SoftNic::OnResponse(Qp& qp, const PacketHeader& h, std::vector<uint8_t>& payload) {
+  for (InFlight& f : qp.inflight) {
+    if (f.done || f.psn != h.psn || f.opcode == kOpcodeNop) continue;
+    f.done = true;
+    if (h.syndrome != 0) {
+      f.syndrome = h.syndrome;
+      return;
+    }
+    try {
+      if (h.type == static_cast<uint8_t>(PacketType::ReadResponse)) {
+        if (payload.size() != f.length) {
+          f.syndrome = kSyndromeBadRespErr;
+          return;
+        }
+        memory_.Write(f.laddr, payload.data(), payload.size(), f.local != nullptr && f.local->device,
+                      f.local != nullptr ? f.local->gpu : -1);
+        f.byteCount = f.length;
+        bytesMoved_.fetch_add(payload.size(), std::memory_order_relaxed);
+      } else if (h.type == static_cast<uint8_t>(PacketType::AtomicResponse)) {
+        memory_.Write(f.laddr, &h.swapAdd, sizeof(h.swapAdd), f.local != nullptr && f.local->device,
+                      f.local != nullptr ? f.local->gpu : -1);
+        f.byteCount = 8;
+      }
+    } catch (const core::Error& e) {
+      MORI_LOG_ERROR(Rdma, "emulated QP %u: writing a response locally failed: %s", qp.qpn, e.what());
+      f.syndrome = kSyndromeLocalProtErr;
+    }
+    return;
+  }
+  // A response to nothing we wait for (the QP failed meanwhile): dropped, as hardware drops stale packets.
+}
+
+void SoftNic::FailInFlight(Qp& qp, uint8_t syndrome) {
+  for (InFlight& f : qp.inflight) {
+    if (!f.done) {
+      f.done = true;
+      f.syndrome = syndrome;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- responder
+
+bool SoftNic::PumpRequests(Qp& qp, Clock::time_point now) {
+  bool work = false;
+  while (!qp.requests.empty()) {
+    Request& r = qp.requests.front();
+    if (!r.link->dead) {
+      if (!Execute(qp, r, now)) break;
+      requestsServed_.fetch_add(1, std::memory_order_relaxed);
+    }
+    qp.requests.pop_front();
+    work = true;
+  }
+  return work;
+}
+
+bool SoftNic::Execute(Qp& qp, Request& r, Clock::time_point now) {
+  const PacketHeader& h = r.header;
+  Link& link = *r.link;
+  if (qp.state != Qp::State::Ready || qp.remoteQpn != h.srcQpn) {
+    // No live QP to take it: the requester's retries run out.
+    Respond(link, h, PacketType::Ack, kSyndromeTransportRetryExcErr, nullptr, 0);
+    return true;
+  }
+  const Region* region = nullptr;
+  switch (static_cast<PacketType>(h.type)) {
+    case PacketType::WriteRequest: {
+      uint8_t bad = CheckRemote(h.rkey, h.raddr, r.payload.size(), kRdmaAccessRemoteWrite, &region);
+      if (bad == 0) {
+        memory_.Write(h.raddr, r.payload.data(), r.payload.size(), region->device, region->gpu);
+        bytesMoved_.fetch_add(r.payload.size(), std::memory_order_relaxed);
+      }
+      Respond(link, h, PacketType::Ack, bad, nullptr, 0);
+      return true;
+    }
+    case PacketType::ReadRequest: {
+      uint8_t bad = CheckRemote(h.rkey, h.raddr, h.length, kRdmaAccessRemoteRead, &region);
+      if (bad != 0) {
+        Respond(link, h, PacketType::Ack, bad, nullptr, 0);
+        return true;
+      }
+      scratch_.resize(h.length);
+      if (h.length > 0) memory_.Read(scratch_.data(), h.raddr, h.length, region->device, region->gpu);
+      Respond(link, h, PacketType::ReadResponse, 0, scratch_.data(), h.length);
+      return true;
+    }
+    case PacketType::AtomicRequest: {
+      if (h.raddr % 8 != 0) {
+        Respond(link, h, PacketType::Ack, kSyndromeRemoteInvalReqErr, nullptr, 0);
+        return true;
+      }
+      uint8_t bad = CheckRemote(h.rkey, h.raddr, 8, kRdmaAccessRemoteAtomic, &region);
+      if (bad != 0) {
+        Respond(link, h, PacketType::Ack, bad, nullptr, 0);
+        return true;
+      }
+      uint64_t old = memory_.Atomic(h.raddr, static_cast<AtomicOp>(h.atomicOp), h.swapAdd, h.compare, region->device,
+                                    region->gpu);
+      Respond(link, h, PacketType::AtomicResponse, 0, nullptr, 0, old);
+      return true;
+    }
+    case PacketType::SendRequest: {
+      uint32_t head = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(&qp.dbrec[kReceiveDbrIndex])) & 0xffffu;
+      if ((qp.rqConsumed & 0xffffu) == head) {
+        // No receive buffer posted: receiver-not-ready, retried until the RNR budget runs out.
+        if (now - r.arrived > std::chrono::milliseconds(rnrTimeoutMs_.load())) {
+          Respond(link, h, PacketType::Ack, kSyndromeRnrRetryExcErr, nullptr, 0);
+          return true;
+        }
+        return false;
+      }
+      uint32_t slot = qp.rqConsumed++;
+      const WqeDataSeg* desc = reinterpret_cast<const WqeDataSeg*>(qp.rq + size_t(slot & (qp.rqDepth - 1)) * kReceiveWqeBytes);
+      uint32_t capacity = BeToHost32(desc->byteCount);
+      uintptr_t addr = BeToHost64(desc->addr);
+      if (r.payload.size() > capacity) {
+        PushCqe(qp, kCqeRespErr, slot, 0, kSyndromeLocalLengthErr, kOpcodeSend);
+        EnterError(qp);
+        Respond(link, h, PacketType::Ack, kSyndromeRemoteInvalReqErr, nullptr, 0);
+        return true;
+      }
+      uint8_t bad = CheckLocal(BeToHost32(desc->lkey), addr, r.payload.size(), true, &region);
+      if (bad != 0) {
+        PushCqe(qp, kCqeRespErr, slot, 0, bad, kOpcodeSend);
+        EnterError(qp);
+        Respond(link, h, PacketType::Ack, kSyndromeRemoteOpErr, nullptr, 0);
+        return true;
+      }
+      if (!r.payload.empty()) memory_.Write(addr, r.payload.data(), r.payload.size(), region->device, region->gpu);
+      bytesMoved_.fetch_add(r.payload.size(), std::memory_order_relaxed);
+      PushCqe(qp, kCqeRespSend, slot, static_cast<uint32_t>(r.payload.size()), 0, 0);
+      Respond(link, h, PacketType::Ack, 0, nullptr, 0);
+      return true;
+    }
+    default:
+      return true;
+  }
+}
+
+// ---------------------------------------------------------------- completions
+
+void SoftNic::PushCqe(Qp& qp, uint8_t opcode, uint32_t wqeCounter, uint32_t byteCount, uint8_t syndrome,
+                      uint8_t failedOpcode) {
+  std::array<uint8_t, 64> cqe{};
+  uint32_t beBytes = HostToBe32(byteCount);
+  std::memcpy(cqe.data() + offsetof(Cqe64, byteCnt), &beBytes, 4);
+  bool error = opcode == kCqeReqErr || opcode == kCqeRespErr;
+  uint32_t qpnWord = HostToBe32(error ? (uint32_t(failedOpcode) << 24) | qp.qpn : qp.qpn);
+  std::memcpy(cqe.data() + offsetof(Cqe64, sopDropQpn), &qpnWord, 4);
+  if (error) cqe[offsetof(ErrCqe, syndrome)] = syndrome;
+  uint16_t counter = HostToBe16(static_cast<uint16_t>(wqeCounter));
+  std::memcpy(cqe.data() + offsetof(Cqe64, wqeCounter), &counter, 2);
+  cqe[offsetof(Cqe64, opOwn)] = static_cast<uint8_t>(opcode << 4);  // the owner bit is set when written
+  qp.pendingCqes.push_back(cqe);
+}
+
+void SoftNic::EnterError(Qp& qp) {
+  if (qp.state == Qp::State::Error) return;
+  qp.state = Qp::State::Error;
+  qp.blocked = false;
+  FailInFlight(qp, kSyndromeWrFlushErr);
+  // Posted receive buffers are flushed too.
+  uint32_t head = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(&qp.dbrec[kReceiveDbrIndex])) & 0xffffu;
+  while ((qp.rqConsumed & 0xffffu) != head) PushCqe(qp, kCqeRespErr, qp.rqConsumed++, 0, kSyndromeWrFlushErr, kOpcodeSend);
+  MORI_LOG_DEBUG(Rdma, "emulated QP %u entered the error state", qp.qpn);
+}
+
+bool SoftNic::PumpCompletions(Qp& qp) {
+  bool work = false;
+  while (!qp.inflight.empty() && qp.inflight.front().done) {
+    InFlight f = qp.inflight.front();
+    qp.inflight.pop_front();
+    work = true;
+    if (qp.state == Qp::State::Error) {
+      // After the first error everything completes as flushed, signaled or not, whatever befell it.
+      PushCqe(qp, kCqeReqErr, f.slot, 0, kSyndromeWrFlushErr, f.opcode);
+    } else if (f.syndrome == 0) {
+      if (f.signaled) PushCqe(qp, kCqeReq, f.slot, f.byteCount, 0, 0);
+    } else {
+      PushCqe(qp, kCqeReqErr, f.slot, 0, f.syndrome, f.opcode);  // errors complete even when unsignaled
+      EnterError(qp);
+    }
+  }
+  if (qp.state == Qp::State::Error) {
+    uint32_t head = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(&qp.dbrec[kReceiveDbrIndex])) & 0xffffu;
+    while ((qp.rqConsumed & 0xffffu) != head) {
+      PushCqe(qp, kCqeRespErr, qp.rqConsumed++, 0, kSyndromeWrFlushErr, kOpcodeSend);
+      work = true;
+    }
+  }
+  // Write what the CQ has room for; the consumer index comes from the CQ's doorbell record.
+  while (!qp.pendingCqes.empty()) {
+    uint32_t consumed = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(qp.cqDbrec)) & kCqConsumerIndexMask;
+    if (((qp.cqProduced - consumed) & kCqConsumerIndexMask) >= qp.cqDepth) {
+      if (!qp.cqOverrunWarned) {
+        MORI_LOG_WARN(Rdma, "emulated QP %u: CQ full (%u entries not consumed); completions wait until software "
+                            "consumes CQEs and updates the CQ doorbell record",
+                      qp.qpn, qp.cqDepth);
+        qp.cqOverrunWarned = true;
+      }
+      break;
+    }
+    std::array<uint8_t, 64>& cqe = qp.pendingCqes.front();
+    uint8_t* dst = qp.cq + size_t(qp.cqProduced & (qp.cqDepth - 1)) * kCqeBytes;
+    std::memcpy(dst, cqe.data(), offsetof(Cqe64, wqeCounter));
+    uint32_t tail;
+    std::memcpy(&tail, cqe.data() + offsetof(Cqe64, wqeCounter), 4);
+    uint32_t owner = (qp.cqProduced & qp.cqDepth) ? 1u : 0u;
+    tail |= owner << 24;  // op_own is the word's last byte
+    // The entry's body is written before the word with its owner bit, which hands it to software.
+    core::AtomicFence<MemoryOrder::Release, Scope::System>();
+    AtomicStore<MemoryOrder::Release>(reinterpret_cast<uint32_t*>(dst + offsetof(Cqe64, wqeCounter)), tail);
+    ++qp.cqProduced;
+    qp.cqOverrunWarned = false;
+    qp.pendingCqes.pop_front();
+    cqesWritten_.fetch_add(1, std::memory_order_relaxed);
+    work = true;
+  }
+  return work;
+}
+
+// ---------------------------------------------------------------- wire
+
+bool SoftNic::PollLinks(int timeoutMs) {
+  std::vector<pollfd> fds;
+  std::vector<Link*> who;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fds.push_back({listener_.Get(), POLLIN, 0});
+    for (auto& link : links_) {
+      if (link->dead) continue;
+      fds.push_back({link->fd.Get(), static_cast<short>(POLLIN | (link->tx.empty() ? 0 : POLLOUT)), 0});
+      who.push_back(link.get());
+    }
+  }
+  int n = poll(fds.data(), fds.size(), timeoutMs);
+  if (n <= 0) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (fds[0].revents & POLLIN) {
+    while (true) {
+      int fd = accept4(listener_.Get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) break;
+      if (linkDropped_.load()) {
+        close(fd);
+        continue;
+      }
+      auto link = std::make_unique<Link>();
+      link->fd.Reset(fd);
+      link->peer = net::PeerAddressOf(fd);
+      net::SetNoDelay(fd);
+      links_.push_back(std::move(link));
+    }
+  }
+  for (size_t i = 0; i < who.size(); ++i) {
+    Link& link = *who[i];
+    if (link.dead) continue;
+    short ev = fds[i + 1].revents;
+    if (ev & POLLOUT) WriteLink(link);
+    if (ev & (POLLIN | POLLHUP | POLLERR)) ReadLink(link);
+  }
+  return true;
+}
+
+void SoftNic::WriteLink(Link& link) {
+  while (!link.dead && !link.tx.empty()) {
+    std::vector<uint8_t>& packet = link.tx.front();
+    ssize_t n = send(link.fd.Get(), packet.data() + link.txOffset, packet.size() - link.txOffset,
+                     MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
+      KillLink(link, "the wire connection broke (" + core::ErrnoString(errno) + ")");
+      return;
+    }
+    link.txOffset += static_cast<size_t>(n);
+    if (link.txOffset == packet.size()) {
+      link.tx.pop_front();
+      link.txOffset = 0;
+    }
+  }
+}
+
+void SoftNic::ReadLink(Link& link) {
+  while (!link.dead) {
+    uint8_t* dst;
+    size_t want;
+    if (link.rxHeaderGot < sizeof(PacketHeader)) {
+      dst = reinterpret_cast<uint8_t*>(&link.rxHeader) + link.rxHeaderGot;
+      want = sizeof(PacketHeader) - link.rxHeaderGot;
+    } else {
+      dst = link.rxPayload.data() + link.rxPayloadGot;
+      want = link.rxPayload.size() - link.rxPayloadGot;
+    }
+    ssize_t n = want == 0 ? 0 : recv(link.fd.Get(), dst, want, MSG_DONTWAIT);
+    if (want > 0 && n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EINTR) continue;
+      KillLink(link, "the wire connection broke (" + core::ErrnoString(errno) + ")");
+      return;
+    }
+    if (want > 0 && n == 0) {
+      KillLink(link, "the peer NIC closed the wire connection (its process exited?)");
+      return;
+    }
+    if (link.rxHeaderGot < sizeof(PacketHeader)) {
+      link.rxHeaderGot += static_cast<size_t>(n);
+      if (link.rxHeaderGot < sizeof(PacketHeader)) continue;
+      std::string bad = CheckPacketHeader(link.rxHeader);
+      if (!bad.empty()) {
+        KillLink(link, "malformed bytes on the wire: " + bad);
+        return;
+      }
+      link.rxPayload.assign(PayloadBytes(link.rxHeader), 0);
+      link.rxPayloadGot = 0;
+    } else {
+      link.rxPayloadGot += static_cast<size_t>(n);
+    }
+    if (link.rxPayloadGot < link.rxPayload.size()) continue;
+    PacketHeader h = link.rxHeader;
+    std::vector<uint8_t> payload = std::move(link.rxPayload);
+    link.rxHeaderGot = 0;
+    link.rxPayloadGot = 0;
+    link.rxPayload.clear();
+    OnPacket(link, h, payload);
+  }
+}
+
+void SoftNic::OnPacket(Link& link, PacketHeader& h, std::vector<uint8_t>& payload) {
+  Qp* qp = FindQp(h.dstQpn);
+  if (IsRequest(h.type)) {
+    if (qp == nullptr) {
+      Respond(link, h, PacketType::Ack, kSyndromeTransportRetryExcErr, nullptr, 0);
+      return;
+    }
+    qp->requests.push_back(Request{h, std::move(payload), &link, Clock::now()});
+    PumpRequests(*qp, Clock::now());
+    return;
+  }
+  if (qp != nullptr) OnResponse(*qp, h, payload);
+}
+
+void SoftNic::KillLink(Link& link, const std::string& reason) {
+  if (link.dead) return;
+  link.dead = true;
+  link.deathReason = reason;
+  link.fd.Reset();
+  link.tx.clear();
+  for (auto& [qpn, qp] : qps_) {
+    if (qp->link == &link) {
+      // Nothing more will come back for what is in flight: the requester's retries are exhausted.
+      FailInFlight(*qp, kSyndromeTransportRetryExcErr);
+      qp->link = nullptr;
+    }
+    std::deque<Request> keep;
+    for (auto& r : qp->requests) {
+      if (r.link != &link) keep.push_back(std::move(r));
+    }
+    qp->requests.swap(keep);
+  }
+  MORI_LOG_INFO(Rdma, "emulated NIC: wire connection with %s closed: %s", link.peer.ToString().c_str(), reason.c_str());
+}
+
+void SoftNic::ReapLinks() {
+  links_.remove_if([](const std::unique_ptr<Link>& l) { return l->dead; });
+}
+
+// ---------------------------------------------------------------- host posting
+
+void SoftNic::HostPost(RdmaEndpoint& ep, const HostWorkRequest& wr) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    QpOf(ep.handle, "HostPost");
+  }
+  hostQueues_.Post(ep, wr);
+}
+
+void SoftNic::HostPostRecv(RdmaEndpoint& ep, uintptr_t laddr, uint32_t lkey, size_t bytes, uint64_t wrId) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    QpOf(ep.handle, "HostPostRecv");
+  }
+  hostQueues_.PostRecv(ep, laddr, lkey, bytes, wrId);
+}
+
+int SoftNic::HostPoll(RdmaEndpoint& ep, HostCompletion* out, int maxCompletions) {
+  return hostQueues_.Poll(ep, out, maxCompletions);
+}
+
+}  // namespace mori::rdma::emulated

@@ -1,0 +1,53 @@
+// The emulated NIC's wire: fixed-size packet headers on TCP connections between emulated NICs. Requests go
+// out on connections a NIC opens; responses come back on the connection their request arrived on, so
+// each connection keeps RC's per-QP order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace mori::rdma::emulated {
+
+constexpr uint32_t kWireMagic = 0x4e454f4dU;  // "MOEN"
+constexpr uint8_t kWireVersion = 1;
+constexpr uint64_t kMaxWirePayload = 1ull << 31;
+
+enum class PacketType : uint8_t {
+  WriteRequest = 1,
+  ReadRequest = 2,
+  AtomicRequest = 3,
+  SendRequest = 4,
+  Ack = 5,             // success, or a NAK when `syndrome` is set
+  ReadResponse = 6,
+  AtomicResponse = 7,
+};
+
+struct PacketHeader {
+  uint32_t magic;
+  uint8_t version;
+  uint8_t type;       // PacketType
+  uint8_t atomicOp;   // AtomicOp of an atomic request
+  uint8_t syndrome;   // responses: 0, or the mlx5 syndrome the requester completes with
+  uint32_t srcQpn;
+  uint32_t dstQpn;
+  uint32_t psn;
+  uint32_t rkey;
+  uint64_t raddr;
+  uint64_t swapAdd;   // atomic operand; an atomic response's original value
+  uint64_t compare;
+  uint64_t length;    // payload bytes that follow; a read request's requested length
+};
+static_assert(sizeof(PacketHeader) == 56, "the wire header is 56 bytes");
+
+inline bool IsRequest(uint8_t type) { return type >= 1 && type <= 4; }
+inline bool IsResponse(uint8_t type) { return type >= 5 && type <= 7; }
+
+// Bytes that follow the header on the wire (a read request's length is what it asks for, not what it carries).
+inline uint64_t PayloadBytes(const PacketHeader& h) {
+  return h.type == static_cast<uint8_t>(PacketType::ReadRequest) ? 0 : h.length;
+}
+
+// Empty when the header is well formed, else why not.
+std::string CheckPacketHeader(const PacketHeader& h);
+
+}  // namespace mori::rdma::emulated

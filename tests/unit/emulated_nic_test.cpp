@@ -1,0 +1,614 @@
+// The emulated NIC driven by the mlx5 device primitives from "GPU threads" (host threads on HOST, the GPU
+// on CUDA): every opcode, ordering, queue depths 1..1024 with 100k WQEs, many threads on one QP, and every
+// error an RC NIC reports (keys, access, bounds, inline size, alignment, RNR, link loss), each checked for
+// the right syndrome and for memory outside the target left untouched.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "../common/test_util.hpp"
+#include "mori/core/errors.hpp"
+#include "mori/core/gpu.hpp"
+#include "mori/core/gpu_buffer.hpp"
+#include "mori/core/kernel.hpp"
+#include "mori/core/timeout.hpp"
+#include "mori/rdma/device_primitives.hpp"
+#include "mori/rdma/emulated.hpp"
+#include "mori/rdma/rdma.hpp"
+
+namespace mori::rdma {
+namespace {
+
+namespace test = core::test;
+using core::Dim3;
+using core::GpuBuffer;
+using core::MemoryType;
+using namespace mlx5;
+constexpr ProviderType kMlx5 = ProviderType::MLX5;
+constexpr uint64_t kTimeoutNs = 60'000'000'000ull;
+
+// The queue handles of one endpoint, in host-pinned memory every posting thread can reach.
+struct Queues {
+  WorkQueueHandle wq;
+  CompletionQueueHandle cq;
+};
+
+// ---------------------------------------------------------------- kernels
+
+// One thread posts `count` 8-byte writes of value i into slot i % slots of the remote array, then quiets.
+MORI_GLOBAL void PostManyWrites(Queues* q, const RdmaMemoryRegion* src, RdmaMemoryRegion dst, uint32_t count,
+                                uint32_t slots, uint32_t* errors) {
+  for (uint32_t i = 0; i < count; ++i) {
+    uint32_t s = i % slots;
+    // The source array holds value i at index i % slots as well (written by the host beforehand).
+    PostWriteOrdered<kMlx5>(q->wq, q->cq, src->addr + uint64_t(s) * 8, src->lkey, dst.addr + uint64_t(s) * 8, dst.rkey, 8,
+                            false, kTimeoutNs);
+  }
+  *errors = QuietQueue<kMlx5>(q->wq, q->cq, kTimeoutNs);
+}
+
+// Every thread writes the values 1..rounds of its own 8-byte slot; the last must win (per-QP order).
+MORI_GLOBAL void ManyThreadsOneQp(Queues* q, RdmaMemoryRegion src, RdmaMemoryRegion dst, uint32_t rounds, uint32_t* errors) {
+  uint32_t t = core::GlobalThreadIdx();
+  uint32_t n = core::GlobalThreadCount();
+  for (uint32_t r = 1; r <= rounds; ++r) {
+    // Source slot (t, r) holds the 8-byte value t << 32 | r.
+    uintptr_t from = src.addr + (uint64_t(r - 1) * n + t) * 8;
+    PostWriteOrdered<kMlx5>(q->wq, q->cq, from, src.lkey, dst.addr + uint64_t(t) * 8, dst.rkey, 8, r == rounds, kTimeoutNs);
+  }
+  uint32_t e = QuietQueue<kMlx5>(q->wq, q->cq, kTimeoutNs);
+  if (e != 0) core::AtomicFetchAdd(errors, 1u);
+}
+
+// The API.md loop: post, record, ring, poll until the completion comes, record the CQ.
+struct OpResult {
+  int status;
+  uint32_t byteCount;
+};
+MORI_GLOBAL void ShortFormOp(Queues* q, int op, uintptr_t laddr, uint32_t lkey, uintptr_t raddr, uint32_t rkey,
+                             uint64_t bytes, uint64_t v1, uint64_t v2, OpResult* out) {
+  WorkQueueHandle& wq = q->wq;
+  uint64_t dbr = 0;
+  switch (op) {
+    case 0: dbr = PostWrite<kMlx5>(wq, wq.qpn, laddr, lkey, raddr, rkey, bytes); break;
+    case 1: dbr = PostRead<kMlx5>(wq, wq.qpn, laddr, lkey, raddr, rkey, bytes); break;
+    case 2: dbr = PostWriteInline<kMlx5>(wq, wq.qpn, reinterpret_cast<const void*>(laddr), raddr, rkey, bytes); break;
+    case 3: dbr = PostAtomic<kMlx5, uint64_t>(wq, wq.qpn, laddr, lkey, raddr, rkey, v1, v2, AtomicOp::FetchAdd); break;
+    case 4: dbr = PostAtomic<kMlx5, uint64_t>(wq, wq.qpn, laddr, lkey, raddr, rkey, v1, v2, AtomicOp::CompareSwap); break;
+    case 5: dbr = PostSend<kMlx5>(wq, wq.qpn, laddr, lkey, bytes); break;
+  }
+  UpdateSendDbrRecord<kMlx5>(wq.dbrRecAddr, wq.postIdx);
+  RingDoorbell<kMlx5>(wq.dbrAddr, dbr);
+  CqeInfo info{};
+  int r;
+  core::SpinDeadline deadline(kTimeoutNs);
+  while ((r = PollCq<kMlx5>(q->cq, wq, &info)) == kCqEmpty) {
+    MORI_DEVICE_ASSERT(!deadline.Expired(), "no completion for op %d", op);
+    core::SpinPause();
+  }
+  UpdateCqDbrRecord<kMlx5>(q->cq.dbrRecAddr, q->cq.consIdx);
+  out->status = r;
+  out->byteCount = info.byteCount;
+}
+
+// ---------------------------------------------------------------- fixture
+
+class EmulatedNic : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    if (core::GpuGetDeviceCount(&n) != core::kGpuSuccess || n == 0) {
+      GTEST_SKIP() << "no GPU visible to the " MORI_BACKEND_NAME " backend";
+    }
+    context_ = std::make_unique<RdmaContext>(RdmaBackendType::Emulated);
+    ASSERT_EQ(context_->GetRdmaDeviceList().size(), 1u);
+    auto ports = GetActiveDevicePortList(context_->GetRdmaDeviceList());
+    ASSERT_EQ(ports.size(), 1u);
+    a_ = ports[0].first->CreateRdmaDeviceContext();
+    b_ = ports[0].first->CreateRdmaDeviceContext();
+    queues_ = GpuBuffer(2 * sizeof(Queues), MemoryType::HostPinned);
+  }
+
+  // Endpoints on NIC a and NIC b, connected to each other; their handles go to pinned memory.
+  void Connect(RdmaEndpointConfig config = RdmaEndpointConfig()) {
+    epA_ = a_->CreateRdmaEndpoint(config);
+    epB_ = b_->CreateRdmaEndpoint(config);
+    a_->ConnectEndpoint(epA_.handle, epB_.handle);
+    b_->ConnectEndpoint(epB_.handle, epA_.handle);
+    QA()->wq = epA_.wqHandle;
+    QA()->cq = epA_.cqHandle;
+    QB()->wq = epB_.wqHandle;
+    QB()->cq = epB_.cqHandle;
+  }
+
+  Queues* QA() { return queues_.DataAs<Queues>(); }
+  Queues* QB() { return queues_.DataAs<Queues>() + 1; }
+
+  // Runs one short-form operation from A on a single "GPU thread" and returns the completion.
+  OpResult RunOp(int op, uintptr_t laddr, uint32_t lkey, uintptr_t raddr, uint32_t rkey, uint64_t bytes, uint64_t v1 = 0,
+                 uint64_t v2 = 0) {
+    GpuBuffer result(sizeof(OpResult), MemoryType::HostPinned);
+    core::LaunchKernel(ShortFormOp, Dim3(1), Dim3(1), 0, nullptr, QA(), op, laddr, lkey, raddr, rkey, bytes, v1, v2,
+                       result.DataAs<OpResult>());
+    EXPECT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+    return *result.DataAs<OpResult>();
+  }
+
+  static std::vector<uint8_t> Read(const GpuBuffer& b, size_t offset, size_t bytes) {
+    std::vector<uint8_t> out(bytes);
+    EXPECT_EQ(core::GpuMemcpy(out.data(), b.DataAs<uint8_t>() + offset, bytes), core::kGpuSuccess);
+    return out;
+  }
+  static void Fill(GpuBuffer& b, int rank, uint32_t seed) {
+    std::vector<uint8_t> v(b.Bytes());
+    test::FillPattern(v.data(), v.size(), rank, seed);
+    EXPECT_EQ(core::GpuMemcpy(b.Data(), v.data(), v.size()), core::kGpuSuccess);
+  }
+  static size_t Mismatch(const GpuBuffer& b, size_t offset, size_t bytes, int rank, uint32_t seed, size_t patternOffset) {
+    auto v = Read(b, offset, bytes);
+    for (size_t i = 0; i < bytes; ++i) {
+      if (v[i] != test::PatternByte(rank, patternOffset + i, seed)) return i;
+    }
+    return bytes;
+  }
+
+  std::unique_ptr<RdmaContext> context_;
+  RdmaDeviceContext* a_ = nullptr;
+  RdmaDeviceContext* b_ = nullptr;
+  RdmaEndpoint epA_, epB_;
+  GpuBuffer queues_;
+};
+
+// ---------------------------------------------------------------- operations
+
+TEST_F(EmulatedNic, EveryOperationMovesTheRightBytesAndNothingElse) {
+  Connect();
+  constexpr size_t kBytes = (1 << 20) + 37;
+  GpuBuffer src(kBytes), dst(kBytes + 8192);
+  Fill(src, 1, 10);
+  Fill(dst, 2, 20);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+
+  // Write 1 MiB + 37 bytes into dst at offset 4096; the 4096 bytes on either side stay as they were.
+  OpResult w = RunOp(0, srcMr.addr, srcMr.lkey, dstMr.addr + 4096, dstMr.rkey, kBytes);
+  EXPECT_EQ(w.status, kCqeReq);
+  EXPECT_EQ(Mismatch(dst, 4096, kBytes, 1, 10, 0), kBytes) << "written bytes";
+  EXPECT_EQ(Mismatch(dst, 0, 4096, 2, 20, 0), 4096u) << "bytes before the target";
+  EXPECT_EQ(Mismatch(dst, 4096 + kBytes, 4096, 2, 20, 4096 + kBytes), 4096u) << "bytes after the target";
+
+  // Read 100000 bytes of dst (its untouched head) back into src at offset 8.
+  OpResult r = RunOp(1, srcMr.addr + 8, srcMr.lkey, dstMr.addr, dstMr.rkey, 100000);
+  EXPECT_EQ(r.status, kCqeReq);
+  EXPECT_EQ(r.byteCount, 100000u);
+  auto got = Read(src, 8, 100000);
+  for (size_t i = 0; i < 4096; ++i) ASSERT_EQ(got[i], test::PatternByte(2, i, 20)) << i;
+  for (size_t i = 4096; i < 100000; ++i) ASSERT_EQ(got[i], test::PatternByte(1, i - 4096, 10)) << i;
+  EXPECT_EQ(Mismatch(src, 0, 8, 1, 10, 0), 8u);
+
+  // Inline write of 23 bytes from pinned host memory.
+  GpuBuffer inlineSrc(64, MemoryType::HostPinned);
+  const char text[] = "inline: 23 bytes here.";
+  std::memcpy(inlineSrc.Data(), text, sizeof(text));
+  OpResult in = RunOp(2, reinterpret_cast<uintptr_t>(inlineSrc.Data()), 0, dstMr.addr + 64, dstMr.rkey, sizeof(text));
+  EXPECT_EQ(in.status, kCqeReq);
+  auto inl = Read(dst, 64, sizeof(text));
+  EXPECT_EQ(std::memcmp(inl.data(), text, sizeof(text)), 0);
+  EXPECT_EQ(Read(dst, 64 + sizeof(text), 1)[0], test::PatternByte(2, 64 + sizeof(text), 20));
+
+  // Atomics on an 8-byte word of dst; the original value lands in src.
+  uint64_t start = 1000;
+  ASSERT_EQ(core::GpuMemcpy(dst.DataAs<uint8_t>() + 256, &start, 8), core::kGpuSuccess);
+  OpResult fa = RunOp(3, srcMr.addr, srcMr.lkey, dstMr.addr + 256, dstMr.rkey, 8, 234);
+  EXPECT_EQ(fa.status, kCqeReq);
+  uint64_t v = 0;
+  ASSERT_EQ(core::GpuMemcpy(&v, src.Data(), 8), core::kGpuSuccess);
+  EXPECT_EQ(v, 1000u);
+  OpResult csMiss = RunOp(4, srcMr.addr, srcMr.lkey, dstMr.addr + 256, dstMr.rkey, 8, 7, 1000);
+  EXPECT_EQ(csMiss.status, kCqeReq);
+  ASSERT_EQ(core::GpuMemcpy(&v, src.Data(), 8), core::kGpuSuccess);
+  EXPECT_EQ(v, 1234u) << "compare-swap returns the value found";
+  OpResult csHit = RunOp(4, srcMr.addr, srcMr.lkey, dstMr.addr + 256, dstMr.rkey, 8, 77, 1234);
+  EXPECT_EQ(csHit.status, kCqeReq);
+  ASSERT_EQ(core::GpuMemcpy(&v, dst.DataAs<uint8_t>() + 256, 8), core::kGpuSuccess);
+  EXPECT_EQ(v, 77u);
+
+  // Send into a receive buffer B posts from the host; B's CQ reports it.
+  b_->HostPostRecv(epB_, dstMr.addr + 8192, dstMr.lkey, 5000, 0xabc);
+  QB()->wq.rqPostIdx = epB_.wqHandle.rqPostIdx;
+  OpResult s = RunOp(5, srcMr.addr + 200000, srcMr.lkey, 0, 0, 3000);  // a part of src no earlier op touched
+  EXPECT_EQ(s.status, kCqeReq);
+  HostCompletion c[4];
+  int n = 0;
+  core::Deadline deadline = core::Deadline::After(30);
+  while ((n = b_->HostPoll(epB_, c, 4)) == 0 && !deadline.Expired()) std::this_thread::yield();
+  ASSERT_EQ(n, 1);
+  EXPECT_TRUE(c[0].isReceive);
+  EXPECT_EQ(c[0].status, 0);
+  EXPECT_EQ(c[0].bytes, 3000u);
+  EXPECT_EQ(c[0].wrId, 0xabcu);
+  EXPECT_EQ(Mismatch(dst, 8192, 3000, 1, 10, 200000), 3000u);
+  EXPECT_EQ(Mismatch(dst, 8192 + 3000, 100, 1, 10, 8192 + 3000 - 4096), 100u) << "bytes after the received message";
+}
+
+TEST_F(EmulatedNic, WritesLandInPostingOrder) {
+  Connect();
+  constexpr uint32_t kCount = 2000;
+  GpuBuffer src(kCount * 8, MemoryType::HostPinned), dst(8);
+  auto* values = src.DataAs<uint64_t>();
+  for (uint32_t i = 0; i < kCount; ++i) values[i] = 0x5000000000ull + i;
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  // Host-posted: every write goes to the same word; after each completion the word must hold that write.
+  for (uint32_t i = 0; i < kCount; ++i) {
+    HostWorkRequest wr;
+    wr.op = HostOp::Write;
+    wr.laddr = srcMr.addr + i * 8;
+    wr.lkey = srcMr.lkey;
+    wr.raddr = dstMr.addr;
+    wr.rkey = dstMr.rkey;
+    wr.bytes = 8;
+    wr.wrId = i;
+    wr.signaled = (i % 16 == 15) || i == kCount - 1;
+    while (epA_.wqHandle.postIdx - epA_.wqHandle.doneIdx >= epA_.wqHandle.sqWqeNum - 1) {
+      HostCompletion c[16];
+      int n = a_->HostPoll(epA_, c, 16);
+      for (int k = 0; k < n; ++k) ASSERT_EQ(c[k].status, 0);
+    }
+    a_->HostPost(epA_, wr);
+  }
+  core::Deadline deadline = core::Deadline::After(60);
+  uint64_t lastId = 0;
+  while (epA_.wqHandle.doneIdx != kCount && !deadline.Expired()) {
+    HostCompletion c[16];
+    int n = a_->HostPoll(epA_, c, 16);
+    for (int k = 0; k < n; ++k) {
+      EXPECT_EQ(c[k].status, 0);
+      EXPECT_GT(c[k].wrId + 1, lastId) << "completions in order";
+      lastId = c[k].wrId + 1;
+    }
+  }
+  ASSERT_EQ(epA_.wqHandle.doneIdx, kCount);
+  uint64_t final = 0;
+  ASSERT_EQ(core::GpuMemcpy(&final, dst.Data(), 8), core::kGpuSuccess);
+  EXPECT_EQ(final, 0x5000000000ull + kCount - 1) << "the last write posted is the last to land";
+}
+
+class EmulatedNicDepth : public EmulatedNic, public ::testing::WithParamInterface<uint32_t> {};
+
+TEST_P(EmulatedNicDepth, HundredThousandWqesWrapEveryQueue) {
+  const uint32_t depth = GetParam();
+  RdmaEndpointConfig config;
+  config.maxMsgsNum = depth;
+  config.maxCqeNum = depth;  // the CQ wraps as often as the send queue
+  Connect(config);
+  EXPECT_GE(QA()->wq.sqWqeNum, depth);
+  constexpr uint32_t kCount = 100000;
+  constexpr uint32_t kSlots = 1024;
+  GpuBuffer src(kSlots * 8), dst(kSlots * 8 + 64);
+  std::vector<uint64_t> init(kSlots);
+  for (uint32_t s = 0; s < kSlots; ++s) init[s] = 0xfeed000000000000ull | s;
+  ASSERT_EQ(core::GpuMemcpy(src.Data(), init.data(), src.Bytes()), core::kGpuSuccess);
+  Fill(dst, 3, 30);
+  GpuBuffer meta(sizeof(RdmaMemoryRegion) + sizeof(uint32_t), MemoryType::HostPinned);
+  auto* srcMr = meta.DataAs<RdmaMemoryRegion>();
+  *srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  auto* errors = reinterpret_cast<uint32_t*>(srcMr + 1);
+  *errors = 99;
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  auto stats0 = GetEmulatedNicControl(a_)->Stats();
+  core::LaunchKernel(PostManyWrites, Dim3(1), Dim3(1), 0, nullptr, QA(), srcMr, dstMr, kCount, kSlots, errors);
+  ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+  EXPECT_EQ(*errors, 0u);
+  EXPECT_EQ(QA()->wq.doneIdx, QA()->wq.postIdx);
+  EXPECT_EQ(QA()->wq.postIdx, kCount + 1) << "100k writes and the quiet's NOP";
+  auto stats = GetEmulatedNicControl(a_)->Stats();
+  EXPECT_EQ(stats.wqesExecuted - stats0.wqesExecuted, kCount + 1);
+  std::vector<uint64_t> out(kSlots);
+  ASSERT_EQ(core::GpuMemcpy(out.data(), dst.Data(), kSlots * 8), core::kGpuSuccess);
+  for (uint32_t s = 0; s < kSlots; ++s) ASSERT_EQ(out[s], init[s]) << "slot " << s;
+  EXPECT_EQ(Mismatch(dst, kSlots * 8, 64, 3, 30, kSlots * 8), 64u) << "bytes past the array";
+}
+
+INSTANTIATE_TEST_SUITE_P(Depths, EmulatedNicDepth, ::testing::Values(1u, 2u, 3u, 1024u),
+                         [](const testing::TestParamInfo<uint32_t>& p) { return "depth" + std::to_string(p.param); });
+
+TEST_F(EmulatedNic, ManyThreadsPostToOneQueuePair) {
+  RdmaEndpointConfig config;
+  config.maxMsgsNum = 64;  // far fewer slots than threads x rounds: reservation and flow control both work
+  Connect(config);
+#if MORI_BACKEND_HOST
+  const Dim3 grid(2), block(16);
+  const uint32_t rounds = 50;
+#else
+  const Dim3 grid(8), block(64);
+  const uint32_t rounds = 20;
+#endif
+  const uint32_t threads = grid.x * block.x;
+  GpuBuffer src(size_t(threads) * rounds * 8), dst(threads * 8);
+  std::vector<uint64_t> values(size_t(threads) * rounds);
+  for (uint32_t r = 1; r <= rounds; ++r) {
+    for (uint32_t t = 0; t < threads; ++t) values[size_t(r - 1) * threads + t] = (uint64_t(t) << 32) | r;
+  }
+  ASSERT_EQ(core::GpuMemcpy(src.Data(), values.data(), src.Bytes()), core::kGpuSuccess);
+  ASSERT_EQ(core::GpuMemset(dst.Data(), 0, dst.Bytes()), core::kGpuSuccess);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  GpuBuffer errors(4, MemoryType::HostPinned);
+  *errors.DataAs<uint32_t>() = 0;
+  core::LaunchKernel(ManyThreadsOneQp, grid, block, 0, nullptr, QA(), srcMr, dstMr, rounds, errors.DataAs<uint32_t>());
+  ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+  EXPECT_EQ(*errors.DataAs<uint32_t>(), 0u);
+  std::vector<uint64_t> out(threads);
+  ASSERT_EQ(core::GpuMemcpy(out.data(), dst.Data(), dst.Bytes()), core::kGpuSuccess);
+  for (uint32_t t = 0; t < threads; ++t) EXPECT_EQ(out[t], (uint64_t(t) << 32) | rounds) << "thread " << t;
+  EXPECT_EQ(QA()->wq.dbTouchIdx, QA()->wq.postIdx) << "every reserved slot was announced";
+}
+
+// ---------------------------------------------------------------- errors
+
+struct ErrorCase {
+  const char* name;
+  int op;
+  uint8_t syndrome;
+};
+
+TEST_F(EmulatedNic, ViolationsGiveTheRightSyndromeAndTouchNothing) {
+  Connect();
+  GpuBuffer src(8192), dst(3 * 4096);
+  Fill(src, 4, 40);
+  Fill(dst, 5, 50);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), 4096);
+  // Only the middle page of dst is registered; its neighbours must never change.
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.DataAs<uint8_t>() + 4096, 4096);
+  RdmaMemoryRegion readOnly = b_->RegisterRdmaMemoryRegion(dst.DataAs<uint8_t>() + 8192, 4096, kRdmaAccessRemoteRead);
+  RdmaMemoryRegion noLocalWrite = a_->RegisterRdmaMemoryRegion(src.DataAs<uint8_t>() + 4096, 4096, kRdmaAccessRemoteRead);
+  GpuBuffer big(40, MemoryType::HostPinned);
+  std::memset(big.Data(), 0x42, 40);
+
+  struct Case {
+    const char* what;
+    int op;
+    uintptr_t laddr;
+    uint32_t lkey;
+    uintptr_t raddr;
+    uint32_t rkey;
+    uint64_t bytes;
+    uint8_t syndrome;
+  };
+  const Case cases[] = {
+      {"bad lkey", 0, srcMr.addr, srcMr.lkey ^ 0x1111, dstMr.addr, dstMr.rkey, 64, kSyndromeLocalProtErr},
+      {"local range past its region", 0, srcMr.addr + 4000, srcMr.lkey, dstMr.addr, dstMr.rkey, 200,
+       kSyndromeLocalProtErr},
+      {"bad rkey", 0, srcMr.addr, srcMr.lkey, dstMr.addr, dstMr.rkey ^ 0x2222, 64, kSyndromeRemoteAccessErr},
+      {"remote range past its region", 0, srcMr.addr, srcMr.lkey, dstMr.addr + 4000, dstMr.rkey, 200,
+       kSyndromeRemoteAccessErr},
+      {"remote address before its region", 0, srcMr.addr, srcMr.lkey, dstMr.addr - 8, dstMr.rkey, 16,
+       kSyndromeRemoteAccessErr},
+      {"write into a read-only region", 0, srcMr.addr, srcMr.lkey, readOnly.addr, readOnly.rkey, 64,
+       kSyndromeRemoteAccessErr},
+      {"read into memory without local write", 1, noLocalWrite.addr, noLocalWrite.lkey, dstMr.addr, dstMr.rkey, 64,
+       kSyndromeLocalProtErr},
+      {"oversize inline", 2, reinterpret_cast<uintptr_t>(big.Data()), 0, dstMr.addr, dstMr.rkey, 40,
+       kSyndromeLocalLengthErr},
+      {"atomic on a region without remote atomics", 3, srcMr.addr, srcMr.lkey, readOnly.addr, readOnly.rkey, 8,
+       kSyndromeRemoteAccessErr},
+      {"misaligned atomic", 3, srcMr.addr, srcMr.lkey, dstMr.addr + 4, dstMr.rkey, 8, kSyndromeRemoteInvalReqErr},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    // A fresh pair per case: an error leaves the QP in the error state.
+    a_->DestroyRdmaEndpoint(epA_.handle);
+    b_->DestroyRdmaEndpoint(epB_.handle);
+    Connect();
+    OpResult r = RunOp(c.op, c.laddr, c.lkey, c.raddr, c.rkey, c.bytes);
+    ASSERT_TRUE(IsCqError(r.status)) << "status " << r.status;
+    EXPECT_EQ(CqErrorSyndrome(r.status), c.syndrome) << SyndromeName(CqErrorSyndrome(r.status));
+    EXPECT_EQ(Mismatch(dst, 0, dst.Bytes(), 5, 50, 0), dst.Bytes()) << "destination memory changed";
+    EXPECT_EQ(Mismatch(src, 0, src.Bytes(), 4, 40, 0), src.Bytes()) << "source memory changed";
+  }
+}
+
+TEST_F(EmulatedNic, AnErrorFlushesEverythingAfterItInOrder) {
+  Connect();
+  GpuBuffer src(4096), dst(4096);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  GetEmulatedNicControl(a_)->SetDelayMicroseconds(2000);  // all five are posted before the NIC looks
+  for (uint32_t i = 0; i < 5; ++i) {
+    HostWorkRequest wr;
+    wr.laddr = srcMr.addr;
+    wr.lkey = srcMr.lkey;
+    wr.raddr = dstMr.addr;
+    wr.rkey = i == 1 ? dstMr.rkey ^ 1 : dstMr.rkey;  // the second one is bad
+    wr.bytes = 16;
+    wr.wrId = 100 + i;
+    wr.signaled = i != 3;  // an unsignaled WQE after the error still completes (flushed)
+    a_->HostPost(epA_, wr);
+  }
+  GetEmulatedNicControl(a_)->SetDelayMicroseconds(0);
+  std::vector<HostCompletion> got;
+  core::Deadline deadline = core::Deadline::After(30);
+  while (got.size() < 5 && !deadline.Expired()) {
+    HostCompletion c[8];
+    int n = a_->HostPoll(epA_, c, 8);
+    got.insert(got.end(), c, c + n);
+  }
+  ASSERT_EQ(got.size(), 5u);
+  EXPECT_EQ(got[0].status, 0);
+  EXPECT_EQ(got[1].status, kSyndromeRemoteAccessErr);
+  for (int i = 2; i < 5; ++i) EXPECT_EQ(got[i].status, kSyndromeWrFlushErr) << i;
+  for (int i = 0; i < 5; ++i) {
+    if (i != 3) {
+      EXPECT_EQ(got[i].wrId, 100u + i);
+    }
+  }
+  // The QP stays in error: a new post is flushed too.
+  HostWorkRequest again;
+  again.laddr = srcMr.addr;
+  again.lkey = srcMr.lkey;
+  again.raddr = dstMr.addr;
+  again.rkey = dstMr.rkey;
+  again.bytes = 8;
+  again.wrId = 7;
+  a_->HostPost(epA_, again);
+  HostCompletion c[1];
+  deadline = core::Deadline::After(30);
+  int n = 0;
+  while ((n = a_->HostPoll(epA_, c, 1)) == 0 && !deadline.Expired()) std::this_thread::yield();
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(c[0].status, kSyndromeWrFlushErr);
+  EXPECT_EQ(c[0].wrId, 7u);
+}
+
+TEST_F(EmulatedNic, SendsWithoutReceiveBuffersOrTooLargeFail) {
+  Connect();
+  GetEmulatedNicControl(b_)->SetRnrTimeoutMilliseconds(200);
+  GpuBuffer src(4096), dst(4096);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  OpResult rnr = RunOp(5, srcMr.addr, srcMr.lkey, 0, 0, 100);
+  ASSERT_TRUE(IsCqError(rnr.status));
+  EXPECT_EQ(CqErrorSyndrome(rnr.status), kSyndromeRnrRetryExcErr);
+
+  a_->DestroyRdmaEndpoint(epA_.handle);
+  b_->DestroyRdmaEndpoint(epB_.handle);
+  Connect();
+  b_->HostPostRecv(epB_, dstMr.addr, dstMr.lkey, 64, 1);
+  OpResult tooBig = RunOp(5, srcMr.addr, srcMr.lkey, 0, 0, 100);
+  ASSERT_TRUE(IsCqError(tooBig.status));
+  EXPECT_EQ(CqErrorSyndrome(tooBig.status), kSyndromeRemoteInvalReqErr);
+  HostCompletion c[2];
+  int n = 0;
+  core::Deadline deadline = core::Deadline::After(30);
+  while ((n = b_->HostPoll(epB_, c, 2)) == 0 && !deadline.Expired()) std::this_thread::yield();
+  ASSERT_GE(n, 1);
+  EXPECT_TRUE(c[0].isReceive);
+  EXPECT_EQ(c[0].status, kSyndromeLocalLengthErr) << "the responder reports the overflow on its own CQ";
+}
+
+TEST_F(EmulatedNic, ACorruptedKeyIsARemoteAccessError) {
+  Connect();
+  GpuBuffer src(256), dst(256);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  GetEmulatedNicControl(a_)->CorruptNextRemoteKey();
+  OpResult r = RunOp(0, srcMr.addr, srcMr.lkey, dstMr.addr, dstMr.rkey, 64);
+  ASSERT_TRUE(IsCqError(r.status));
+  EXPECT_EQ(CqErrorSyndrome(r.status), kSyndromeRemoteAccessErr);
+}
+
+TEST_F(EmulatedNic, ADroppedLinkFailsWhatIsInFlightWithoutHanging) {
+  RdmaEndpointConfig config;
+  config.maxMsgsNum = 256;
+  Connect(config);
+  GpuBuffer src(4096), dst(4096);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  // Warm the link, then let work pile up behind a delay and cut the link under it.
+  OpResult first = RunOp(0, srcMr.addr, srcMr.lkey, dstMr.addr, dstMr.rkey, 64);
+  ASSERT_EQ(first.status, kCqeReq);
+  EmulatedNicControl* nic = GetEmulatedNicControl(a_);
+  nic->SetDelayMicroseconds(200);
+  for (uint32_t i = 0; i < 200; ++i) {
+    HostWorkRequest wr;
+    wr.laddr = srcMr.addr;
+    wr.lkey = srcMr.lkey;
+    wr.raddr = dstMr.addr;
+    wr.rkey = dstMr.rkey;
+    wr.bytes = 64;
+    wr.wrId = i;
+    a_->HostPost(epA_, wr);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  nic->DropLink();
+  nic->SetDelayMicroseconds(0);
+  uint32_t ok = 0, transport = 0, flushed = 0, other = 0;
+  core::Deadline deadline = core::Deadline::After(60);
+  while (ok + transport + flushed + other < 200 && !deadline.Expired()) {
+    HostCompletion c[32];
+    int n = a_->HostPoll(epA_, c, 32);
+    for (int k = 0; k < n; ++k) {
+      if (c[k].status == 0) {
+        ++ok;
+      } else if (c[k].status == kSyndromeTransportRetryExcErr) {
+        ++transport;
+      } else if (c[k].status == kSyndromeWrFlushErr) {
+        ++flushed;
+      } else {
+        ++other;
+      }
+    }
+  }
+  EXPECT_EQ(ok + transport + flushed + other, 200u) << "every WQE completed";
+  EXPECT_EQ(transport, 1u) << "the first WQE the link took down reports it";
+  EXPECT_EQ(other, 0u);
+  EXPECT_LT(ok, 200u) << "the link was dropped before everything went through";
+  nic->RestoreLink();
+}
+
+TEST_F(EmulatedNic, HostPostingRefusesAFullQueueAndBadInput) {
+  RdmaEndpointConfig config;
+  config.maxMsgsNum = 4;
+  Connect(config);
+  GpuBuffer src(64), dst(64);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  GetEmulatedNicControl(a_)->SetDelayMicroseconds(100000);
+  HostWorkRequest wr;
+  wr.laddr = srcMr.addr;
+  wr.lkey = srcMr.lkey;
+  wr.raddr = dstMr.addr;
+  wr.rkey = dstMr.rkey;
+  wr.bytes = 8;
+  for (int i = 0; i < 4; ++i) a_->HostPost(epA_, wr);
+  try {
+    a_->HostPost(epA_, wr);
+    FAIL() << "a fifth WQE was accepted into a 4-deep queue";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("send queue is full"), std::string::npos) << e.what();
+  }
+  GetEmulatedNicControl(a_)->SetDelayMicroseconds(0);
+  int completed = 0;
+  core::Deadline deadline = core::Deadline::After(30);
+  while (completed < 4 && !deadline.Expired()) {
+    HostCompletion c[4];
+    completed += a_->HostPoll(epA_, c, 4);
+  }
+  EXPECT_EQ(completed, 4);
+  EXPECT_THROW(a_->RegisterRdmaMemoryRegion(nullptr, 10), core::Error);
+  EXPECT_THROW(a_->RegisterRdmaMemoryRegion(src.Data(), 64, 0x100), core::Error);
+  EXPECT_THROW(a_->DeregisterRdmaMemoryRegion(dst.Data()), core::Error);
+  RdmaEndpointConfig bad;
+  bad.maxMsgsNum = 0;
+  EXPECT_THROW(a_->CreateRdmaEndpoint(bad), core::Error);
+  bad.maxMsgsNum = 1 << 20;
+  EXPECT_THROW(a_->CreateRdmaEndpoint(bad), core::Error);
+  bad = RdmaEndpointConfig();
+  bad.portId = 2;
+  EXPECT_THROW(a_->CreateRdmaEndpoint(bad), core::Error);
+  RdmaEndpointHandle foreign = epB_.handle;
+  foreign.wirePort = 0;
+  RdmaEndpoint fresh = a_->CreateRdmaEndpoint(RdmaEndpointConfig());
+  EXPECT_THROW(a_->ConnectEndpoint(fresh.handle, foreign), core::Error);
+  EXPECT_THROW(a_->ConnectEndpoint(epB_.handle, epA_.handle), core::Error) << "QP of another context";
+}
+
+TEST(RdmaBackends, RealNicBackendsReportNoDeviceCleanly) {
+  for (RdmaBackendType backend : {RdmaBackendType::DirectVerbs, RdmaBackendType::IBVerbs}) {
+    RdmaContext context(backend);
+    if (!context.GetRdmaDeviceList().empty()) {
+      GTEST_SKIP() << "this machine has an RDMA NIC; the no-device path cannot be exercised here";
+    }
+    EXPECT_TRUE(GetActiveDevicePortList(context.GetRdmaDeviceList()).empty());
+  }
+  test::ScopedEnv backend("MORI_RDMA_BACKEND", "auto");
+  EXPECT_EQ(RdmaBackendFromEnvironment(), RdmaBackendType::Emulated);
+  test::ScopedEnv forced("MORI_RDMA_BACKEND", "ibverbs");
+  EXPECT_EQ(RdmaBackendFromEnvironment(), RdmaBackendType::IBVerbs);
+}
+
+}  // namespace
+}  // namespace mori::rdma
