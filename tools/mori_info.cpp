@@ -1,7 +1,6 @@
 // mori-info: what this machine offers and what mori would use: backend, GPUs and their peer access,
 // RDMA devices, network interfaces, the launch environment, and every MORI_* variable with its value.
 #include <dirent.h>
-#include <dlfcn.h>
 
 #include <cstdio>
 #include <cstring>
@@ -14,6 +13,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/host_topology.hpp"
 #include "mori/core/launch.hpp"
+#include "mori/rdma/rdma.hpp"
 #include "socket.hpp"
 #if MORI_BACKEND_CUDA
 #include "cuda/cuda_driver.hpp"
@@ -69,18 +69,27 @@ void PrintRdma() {
   DIR* dir = opendir("/sys/class/infiniband");
   int count = 0;
   if (dir != nullptr) {
-    while (dirent* e = readdir(dir)) {
-      if (e->d_name[0] == '.') continue;
-      std::printf("  %s\n", e->d_name);
-      ++count;
-    }
+    while (dirent* e = readdir(dir)) count += e->d_name[0] != '.';
     closedir(dir);
   }
-  if (count == 0) std::printf("  none (/sys/class/infiniband %s)\n", dir == nullptr ? "absent" : "empty");
-  for (const char* lib : {"libibverbs.so.1", "libmlx5.so.1"}) {
-    void* h = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
-    std::printf("  %s: %s\n", lib, h != nullptr ? "loadable" : "not found");
-    if (h != nullptr) dlclose(h);
+  std::printf("  /sys/class/infiniband: %d device(s)\n", count);
+  for (auto backend : {mori::rdma::RdmaBackendType::DirectVerbs, mori::rdma::RdmaBackendType::IBVerbs,
+                       mori::rdma::RdmaBackendType::Emulated}) {
+    try {
+      mori::rdma::RdmaContext context(backend);
+      auto ports = mori::rdma::GetActiveDevicePortList(context.GetRdmaDeviceList());
+      std::printf("  %-12s %zu device(s)", mori::rdma::RdmaBackendName(backend), context.GetRdmaDeviceList().size());
+      for (const auto& [device, port] : ports) std::printf(", %s port %u", device->Name().c_str(), port);
+      std::printf("\n");
+    } catch (const mori::core::Error& e) {
+      std::printf("  %-12s error: %s\n", mori::rdma::RdmaBackendName(backend), e.what());
+    }
+  }
+  try {
+    std::printf("  GPU-initiated transfers would use: %s\n",
+                mori::rdma::RdmaBackendName(mori::rdma::RdmaBackendFromEnvironment()));
+  } catch (const mori::core::Error& e) {
+    std::printf("  MORI_RDMA_BACKEND: %s\n", e.what());
   }
 }
 

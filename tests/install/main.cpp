@@ -6,6 +6,7 @@
 #include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/launch.hpp"
+#include "mori/rdma/rdma.hpp"
 
 int main() {
   auto bootstrap = mori::core::CreateBootstrapFromEnvironment(10);
@@ -16,6 +17,8 @@ int main() {
     return 2;
   } catch (const mori::core::Error&) {
   }
+  mori::rdma::RdmaContext rdma(mori::rdma::RdmaBackendType::Emulated);
+  if (rdma.GetRdmaDeviceList().size() != 1) return 3;
   std::printf("consumer of mori %s (%s backend): %zu registered variables, ok\n", MORI_VERSION_STRING,
               MORI_BACKEND_NAME, mori::core::EnvRegistry().size());
   return 0;

@@ -74,10 +74,13 @@ class SpinDeadline {
 
 }  // namespace mori::core
 
+// printf from device code: the GPU's printf, stdout on HOST. Assert messages go to stderr on HOST.
 #if MORI_BACKEND_HOST
-#define MORI_DEVICE_PRINTF(...) (std::fprintf(stderr, __VA_ARGS__), std::fflush(stderr))
+#define MORI_DEVICE_PRINTF(...) (std::fprintf(stdout, __VA_ARGS__), std::fflush(stdout))
+#define MORI_DEVICE_ERROR_PRINTF(...) (std::fprintf(stderr, __VA_ARGS__), std::fflush(stderr))
 #else
 #define MORI_DEVICE_PRINTF(...) printf(__VA_ARGS__)
+#define MORI_DEVICE_ERROR_PRINTF(...) printf(__VA_ARGS__)
 #endif
 
 // Checks `cond` in device (or host) code; on failure prints the location, the condition and a printf-style
@@ -85,7 +88,7 @@ class SpinDeadline {
 #define MORI_DEVICE_ASSERT(cond, fmt, ...)                                                                \
   do {                                                                                                    \
     if (!(cond)) {                                                                                        \
-      MORI_DEVICE_PRINTF("[mori device] %s:%d: check `%s` failed: " fmt "\n", __FILE__, __LINE__, #cond, \
+      MORI_DEVICE_ERROR_PRINTF("[mori device] %s:%d: check `%s` failed: " fmt "\n", __FILE__, __LINE__, #cond, \
                          ##__VA_ARGS__);                                                                  \
       ::mori::core::DeviceTrap();                                                                               \
     }                                                                                                     \
