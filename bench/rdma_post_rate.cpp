@@ -56,7 +56,8 @@ struct Setup {
   std::unique_ptr<RdmaContext> context;
   RdmaDeviceContext* a = nullptr;
   RdmaDeviceContext* b = nullptr;
-  core::GpuBuffer queues;
+  core::GpuBuffer queues;  // device memory: only posting threads touch the handles, at device scope
+  core::GpuBuffer errors;
   core::GpuBuffer src, dst;
   RdmaMemoryRegion srcMr{}, dstMr{};
 
@@ -64,7 +65,8 @@ struct Setup {
     context = std::make_unique<RdmaContext>(RdmaBackendType::Emulated);
     a = context->GetRdmaDeviceList()[0]->CreateRdmaDeviceContext();
     b = context->GetRdmaDeviceList()[0]->CreateRdmaDeviceContext();
-    queues = core::GpuBuffer(sizeof(Queues) * qps + 4, core::MemoryType::HostPinned);
+    std::vector<Queues> handles(qps);
+    errors = core::GpuBuffer(4, core::MemoryType::HostPinned);
     RdmaEndpointConfig config;
     config.maxMsgsNum = 1024;
     config.maxCqeNum = 2048;
@@ -73,14 +75,16 @@ struct Setup {
       RdmaEndpoint eb = b->CreateRdmaEndpoint(config);
       a->ConnectEndpoint(ea.handle, eb.handle);
       b->ConnectEndpoint(eb.handle, ea.handle);
-      queues.DataAs<Queues>()[i] = Queues{ea.wqHandle, ea.cqHandle};
+      handles[i] = Queues{ea.wqHandle, ea.cqHandle};
     }
+    queues = core::GpuBuffer(sizeof(Queues) * qps);
+    MORI_CHECK_GPU(core::GpuMemcpy(queues.Data(), handles.data(), queues.Bytes()));
     src = core::GpuBuffer(maxBytes);
     dst = core::GpuBuffer(maxBytes);
     srcMr = a->RegisterRdmaMemoryRegion(src.Data(), maxBytes);
     dstMr = b->RegisterRdmaMemoryRegion(dst.Data(), maxBytes);
   }
-  uint32_t* Errors(uint32_t qps) { return reinterpret_cast<uint32_t*>(queues.DataAs<Queues>() + qps); }
+  uint32_t* Errors() { return errors.DataAs<uint32_t>(); }
 };
 
 struct Row {
@@ -94,8 +98,9 @@ struct Row {
 Row Measure(const std::string& what, uint32_t qps, uint32_t blocks, uint32_t threads, int op, uint32_t perThread,
             uint64_t bytes) {
   Setup s(qps, bytes == 0 ? 64 : bytes);
-  uint32_t* errors = s.Errors(qps);
+  uint32_t* errors = s.Errors();
   *errors = 0;
+  core::PreloadKernels(PostLoop);
   auto run = [&](uint32_t count) {
     core::LaunchKernel(PostLoop, core::Dim3(blocks), core::Dim3(threads), 0, nullptr, s.queues.DataAs<Queues>(), qps,
                        op, count, s.srcMr, s.dstMr, bytes, errors);

@@ -33,7 +33,13 @@ cd "$built_at/build-cuda"
 ./tools/mori-info > "$out/mori-info.txt" 2>&1
 ctest --output-on-failure --timeout 300 ${CTEST_ARGS:-} > "$out/ctest.log" 2>&1
 rc=$?
-mpirun --allow-run-as-root -np 2 ./examples/core/ring_exchange 256m > "$out/ring_exchange.log" 2>&1 || rc=1
+{
+  mpirun --allow-run-as-root -np 2 ./examples/core/ring_exchange 256m || rc=1
+  ./examples/local_rdma_ops/simple_gpu_interchange 1048576 42 || rc=1
+  ./examples/local_rdma_ops/local_rdma_ops || rc=1
+  for op in write read atomic; do mpirun --allow-run-as-root -np 2 ./examples/dist_rdma_ops/dist_rdma_ops $op 16777216 || rc=1; done
+} > "$out/examples.log" 2>&1
+if [ -n "${BENCH:-}" ]; then ./bench/rdma_post_rate > "$out/rdma_post_rate.log" 2>&1 || rc=1; fi
 tail -n 30 "$out/ctest.log"
-cat "$out/ring_exchange.log"
+cat "$out/examples.log" "$out/rdma_post_rate.log" 2>/dev/null | tail -n 40
 exit $rc

@@ -123,6 +123,15 @@ class EmulatedNic : public ::testing::Test {
     QB()->cq = epB_.cqHandle;
   }
 
+  // Buffers live as long as the fixture and are freed after the NICs stop (TearDown), as memory must
+  // outlive every NIC that may still touch it: a flushed write may still land at the responder.
+  GpuBuffer& Alloc(size_t bytes, MemoryType type = MemoryType::Device) {
+    buffers_.push_back(std::make_unique<GpuBuffer>(bytes, type));
+    return *buffers_.back();
+  }
+
+  void TearDown() override { context_.reset(); }
+
   Queues* QA() { return queues_.DataAs<Queues>(); }
   Queues* QB() { return queues_.DataAs<Queues>() + 1; }
 
@@ -159,6 +168,7 @@ class EmulatedNic : public ::testing::Test {
   RdmaDeviceContext* b_ = nullptr;
   RdmaEndpoint epA_, epB_;
   GpuBuffer queues_;
+  std::vector<std::unique_ptr<GpuBuffer>> buffers_;
 };
 
 // ---------------------------------------------------------------- operations
@@ -166,7 +176,8 @@ class EmulatedNic : public ::testing::Test {
 TEST_F(EmulatedNic, EveryOperationMovesTheRightBytesAndNothingElse) {
   Connect();
   constexpr size_t kBytes = (1 << 20) + 37;
-  GpuBuffer src(kBytes), dst(kBytes + 8192);
+  GpuBuffer& src = Alloc(kBytes);
+  GpuBuffer& dst = Alloc(kBytes + 8192);
   Fill(src, 1, 10);
   Fill(dst, 2, 20);
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
@@ -189,7 +200,7 @@ TEST_F(EmulatedNic, EveryOperationMovesTheRightBytesAndNothingElse) {
   EXPECT_EQ(Mismatch(src, 0, 8, 1, 10, 0), 8u);
 
   // Inline write of 23 bytes from pinned host memory.
-  GpuBuffer inlineSrc(64, MemoryType::HostPinned);
+  GpuBuffer& inlineSrc = Alloc(64, MemoryType::HostPinned);
   const char text[] = "inline: 23 bytes here.";
   std::memcpy(inlineSrc.Data(), text, sizeof(text));
   OpResult in = RunOp(2, reinterpret_cast<uintptr_t>(inlineSrc.Data()), 0, dstMr.addr + 64, dstMr.rkey, sizeof(text));
@@ -236,7 +247,8 @@ TEST_F(EmulatedNic, EveryOperationMovesTheRightBytesAndNothingElse) {
 TEST_F(EmulatedNic, WritesLandInPostingOrder) {
   Connect();
   constexpr uint32_t kCount = 2000;
-  GpuBuffer src(kCount * 8, MemoryType::HostPinned), dst(8);
+  GpuBuffer& src = Alloc(kCount * 8, MemoryType::HostPinned);
+  GpuBuffer& dst = Alloc(8);
   auto* values = src.DataAs<uint64_t>();
   for (uint32_t i = 0; i < kCount; ++i) values[i] = 0x5000000000ull + i;
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
@@ -287,12 +299,13 @@ TEST_P(EmulatedNicDepth, HundredThousandWqesWrapEveryQueue) {
   EXPECT_GE(QA()->wq.sqWqeNum, depth);
   constexpr uint32_t kCount = 100000;
   constexpr uint32_t kSlots = 1024;
-  GpuBuffer src(kSlots * 8), dst(kSlots * 8 + 64);
+  GpuBuffer& src = Alloc(kSlots * 8);
+  GpuBuffer& dst = Alloc(kSlots * 8 + 64);
   std::vector<uint64_t> init(kSlots);
   for (uint32_t s = 0; s < kSlots; ++s) init[s] = 0xfeed000000000000ull | s;
   ASSERT_EQ(core::GpuMemcpy(src.Data(), init.data(), src.Bytes()), core::kGpuSuccess);
   Fill(dst, 3, 30);
-  GpuBuffer meta(sizeof(RdmaMemoryRegion) + sizeof(uint32_t), MemoryType::HostPinned);
+  GpuBuffer& meta = Alloc(sizeof(RdmaMemoryRegion) + sizeof(uint32_t), MemoryType::HostPinned);
   auto* srcMr = meta.DataAs<RdmaMemoryRegion>();
   *srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
   auto* errors = reinterpret_cast<uint32_t*>(srcMr + 1);
@@ -327,7 +340,8 @@ TEST_F(EmulatedNic, ManyThreadsPostToOneQueuePair) {
   const uint32_t rounds = 20;
 #endif
   const uint32_t threads = grid.x * block.x;
-  GpuBuffer src(size_t(threads) * rounds * 8), dst(threads * 8);
+  GpuBuffer& src = Alloc(size_t(threads) * rounds * 8);
+  GpuBuffer& dst = Alloc(threads * 8);
   std::vector<uint64_t> values(size_t(threads) * rounds);
   for (uint32_t r = 1; r <= rounds; ++r) {
     for (uint32_t t = 0; t < threads; ++t) values[size_t(r - 1) * threads + t] = (uint64_t(t) << 32) | r;
@@ -336,7 +350,7 @@ TEST_F(EmulatedNic, ManyThreadsPostToOneQueuePair) {
   ASSERT_EQ(core::GpuMemset(dst.Data(), 0, dst.Bytes()), core::kGpuSuccess);
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
-  GpuBuffer errors(4, MemoryType::HostPinned);
+  GpuBuffer& errors = Alloc(4, MemoryType::HostPinned);
   *errors.DataAs<uint32_t>() = 0;
   core::LaunchKernel(ManyThreadsOneQp, grid, block, 0, nullptr, QA(), srcMr, dstMr, rounds, errors.DataAs<uint32_t>());
   ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
@@ -357,7 +371,8 @@ struct ErrorCase {
 
 TEST_F(EmulatedNic, ViolationsGiveTheRightSyndromeAndTouchNothing) {
   Connect();
-  GpuBuffer src(8192), dst(3 * 4096);
+  GpuBuffer& src = Alloc(8192);
+  GpuBuffer& dst = Alloc(3 * 4096);
   Fill(src, 4, 40);
   Fill(dst, 5, 50);
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), 4096);
@@ -365,7 +380,7 @@ TEST_F(EmulatedNic, ViolationsGiveTheRightSyndromeAndTouchNothing) {
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.DataAs<uint8_t>() + 4096, 4096);
   RdmaMemoryRegion readOnly = b_->RegisterRdmaMemoryRegion(dst.DataAs<uint8_t>() + 8192, 4096, kRdmaAccessRemoteRead);
   RdmaMemoryRegion noLocalWrite = a_->RegisterRdmaMemoryRegion(src.DataAs<uint8_t>() + 4096, 4096, kRdmaAccessRemoteRead);
-  GpuBuffer big(40, MemoryType::HostPinned);
+  GpuBuffer& big = Alloc(40, MemoryType::HostPinned);
   std::memset(big.Data(), 0x42, 40);
 
   struct Case {
@@ -413,7 +428,8 @@ TEST_F(EmulatedNic, ViolationsGiveTheRightSyndromeAndTouchNothing) {
 
 TEST_F(EmulatedNic, AnErrorFlushesEverythingAfterItInOrder) {
   Connect();
-  GpuBuffer src(4096), dst(4096);
+  GpuBuffer& src = Alloc(4096);
+  GpuBuffer& dst = Alloc(4096);
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
   GetEmulatedNicControl(a_)->SetDelayMicroseconds(2000);  // all five are posted before the NIC looks
@@ -466,7 +482,8 @@ TEST_F(EmulatedNic, AnErrorFlushesEverythingAfterItInOrder) {
 TEST_F(EmulatedNic, SendsWithoutReceiveBuffersOrTooLargeFail) {
   Connect();
   GetEmulatedNicControl(b_)->SetRnrTimeoutMilliseconds(200);
-  GpuBuffer src(4096), dst(4096);
+  GpuBuffer& src = Alloc(4096);
+  GpuBuffer& dst = Alloc(4096);
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
   OpResult rnr = RunOp(5, srcMr.addr, srcMr.lkey, 0, 0, 100);
@@ -491,7 +508,8 @@ TEST_F(EmulatedNic, SendsWithoutReceiveBuffersOrTooLargeFail) {
 
 TEST_F(EmulatedNic, ACorruptedKeyIsARemoteAccessError) {
   Connect();
-  GpuBuffer src(256), dst(256);
+  GpuBuffer& src = Alloc(256);
+  GpuBuffer& dst = Alloc(256);
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
   GetEmulatedNicControl(a_)->CorruptNextRemoteKey();
@@ -504,7 +522,8 @@ TEST_F(EmulatedNic, ADroppedLinkFailsWhatIsInFlightWithoutHanging) {
   RdmaEndpointConfig config;
   config.maxMsgsNum = 256;
   Connect(config);
-  GpuBuffer src(4096), dst(4096);
+  GpuBuffer& src = Alloc(4096);
+  GpuBuffer& dst = Alloc(4096);
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
   // Warm the link, then let work pile up behind a delay and cut the link under it.
@@ -553,7 +572,8 @@ TEST_F(EmulatedNic, HostPostingRefusesAFullQueueAndBadInput) {
   RdmaEndpointConfig config;
   config.maxMsgsNum = 4;
   Connect(config);
-  GpuBuffer src(64), dst(64);
+  GpuBuffer& src = Alloc(64);
+  GpuBuffer& dst = Alloc(64);
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
   GetEmulatedNicControl(a_)->SetDelayMicroseconds(100000);

@@ -174,13 +174,25 @@ MORI_HOST_DEVICE_INLINE void AtomicFence() {
 #if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE
   cuda::atomic_thread_fence(atomic_detail::CudaOrder<O>(), atomic_detail::CudaScope<S>());
 #elif MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
-  if constexpr (S == Scope::Block) {
-    __builtin_amdgcn_fence(atomic_detail::GccOrder<O>(), "workgroup");
-  } else if constexpr (S == Scope::Device) {
-    __builtin_amdgcn_fence(atomic_detail::GccOrder<O>(), "agent");
-  } else {
-    __builtin_amdgcn_fence(atomic_detail::GccOrder<O>(), "");
+  // Literal arguments only: clang 15 crashes on a template-dependent order in __builtin_amdgcn_fence.
+#define MORI_HIP_FENCE_FOR_ORDER(scopeName)                                          \
+  if constexpr (O == MemoryOrder::Acquire) {                                         \
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, scopeName);                             \
+  } else if constexpr (O == MemoryOrder::Release) {                                  \
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, scopeName);                             \
+  } else if constexpr (O == MemoryOrder::AcqRel) {                                   \
+    __builtin_amdgcn_fence(__ATOMIC_ACQ_REL, scopeName);                             \
+  } else if constexpr (O != MemoryOrder::Relaxed) {                                  \
+    __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, scopeName);                             \
   }
+  if constexpr (S == Scope::Block) {
+    MORI_HIP_FENCE_FOR_ORDER("workgroup")
+  } else if constexpr (S == Scope::Device) {
+    MORI_HIP_FENCE_FOR_ORDER("agent")
+  } else {
+    MORI_HIP_FENCE_FOR_ORDER("")
+  }
+#undef MORI_HIP_FENCE_FOR_ORDER
 #else
   __atomic_thread_fence(atomic_detail::GccOrder<O>());
 #endif

@@ -7,36 +7,38 @@
 
 #include "mori/core/device.hpp"
 
-#if MORI_BACKEND_HOST
 #include <chrono>
+#include <cstdlib>
 
 #include "mori/core/kernel.hpp"
-#endif
 
 namespace mori::core {
 
 #if MORI_DEVICE_API_AVAILABLE
 
-// Ends the calling kernel with an error the host sees at its next synchronisation.
-[[noreturn]] MORI_DEVICE_INLINE void DeviceTrap() {
-#if MORI_BACKEND_CUDA
+// Ends the calling kernel with an error the host sees at its next synchronisation. In host code of a GPU
+// backend (a host thread using the device primitives) it aborts the process: there is no kernel to end.
+[[noreturn]] MORI_HOST_DEVICE_INLINE void DeviceTrap() {
+#if MORI_DEVICE_COMPILE && MORI_BACKEND_CUDA
   __trap();
   __builtin_unreachable();
-#elif MORI_BACKEND_HIP
+#elif MORI_DEVICE_COMPILE
   __builtin_trap();
-#else
+#elif MORI_BACKEND_HOST
   throw host::KernelTrap{"device trap"};
+#else
+  std::abort();
 #endif
 }
 
 // Nanoseconds of a clock that all threads of one device share (CUDA %globaltimer; the 100 MHz
-// s_memrealtime counter of the gfx9 family; the host's steady clock on HOST).
-MORI_DEVICE_INLINE uint64_t DeviceWallClockNs() {
-#if MORI_BACKEND_CUDA
+// s_memrealtime counter of the gfx9 family; the host's steady clock in host code).
+MORI_HOST_DEVICE_INLINE uint64_t DeviceWallClockNs() {
+#if MORI_DEVICE_COMPILE && MORI_BACKEND_CUDA
   uint64_t ns;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
   return ns;
-#elif MORI_BACKEND_HIP
+#elif MORI_DEVICE_COMPILE
   return __builtin_amdgcn_s_memrealtime() * 10ull;
 #else
   return static_cast<uint64_t>(
@@ -51,13 +53,14 @@ class SpinDeadline {
  public:
   static constexpr uint32_t kCheckEvery = 1024;
 
-  MORI_DEVICE_INLINE explicit SpinDeadline(uint64_t timeoutNs)
+  MORI_HOST_DEVICE_INLINE explicit SpinDeadline(uint64_t timeoutNs)
       : end_(timeoutNs == 0 ? ~0ull : DeviceWallClockNs() + timeoutNs) {}
 
   // True once the deadline has passed; call once per poll.
-  MORI_DEVICE_INLINE bool Expired() {
-#if MORI_BACKEND_HOST
-    // Host "GPU threads" yield on every poll, so each poll is already slow: check the clock every time.
+  MORI_HOST_DEVICE_INLINE bool Expired() {
+#if !MORI_DEVICE_COMPILE
+    // Host threads yield on every poll, so each poll is already slow: check the clock every time.
+    ++polls_;
     return DeviceWallClockNs() > end_;
 #else
     if (++polls_ % kCheckEvery != 0) return false;

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <sched.h>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -83,7 +84,7 @@ MORI_DEVICE_INLINE unsigned GridDimX() { return host::CurrentThread().gridDim.x;
 MORI_DEVICE_INLINE unsigned GridDimY() { return host::CurrentThread().gridDim.y; }
 MORI_DEVICE_INLINE unsigned GridDimZ() { return host::CurrentThread().gridDim.z; }
 MORI_DEVICE_INLINE void SyncThreads() { host::BlockSync(); }
-MORI_DEVICE_INLINE void SpinPause() { host::SpinPause(); }
+MORI_HOST_DEVICE_INLINE void SpinPause() { host::SpinPause(); }
 template <typename T>
 MORI_DEVICE_INLINE T* DynamicSharedMemory() {
   return static_cast<T*>(host::CurrentThread().sharedMemory);
@@ -102,8 +103,13 @@ MORI_DEVICE_INLINE unsigned GridDimX() { return gridDim.x; }
 MORI_DEVICE_INLINE unsigned GridDimY() { return gridDim.y; }
 MORI_DEVICE_INLINE unsigned GridDimZ() { return gridDim.z; }
 MORI_DEVICE_INLINE void SyncThreads() { __syncthreads(); }
-// One iteration's pause inside a polling loop: GPUs poll flat out, the latency of one poll is the point.
-MORI_DEVICE_INLINE void SpinPause() {}
+// One iteration's pause inside a polling loop: GPUs poll flat out, the latency of one poll is the point;
+// host threads of a GPU backend (using the device primitives) give their core away.
+MORI_HOST_DEVICE_INLINE void SpinPause() {
+#if !MORI_DEVICE_COMPILE
+  sched_yield();
+#endif
+}
 template <typename T>
 MORI_DEVICE_INLINE T* DynamicSharedMemory() {
   extern __shared__ __align__(16) unsigned char moriDynamicShared[];
@@ -136,6 +142,23 @@ void LaunchKernel(void (*kernel)(Params...), Dim3 grid, Dim3 block, size_t share
                [kernel, params = std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)]() {
                  std::apply(kernel, params);
                });
+#endif
+}
+
+// Loads kernels' code now. CUDA loads modules lazily by default, at a kernel's first launch, and loading
+// waits for the device to go idle: launching a kernel while another one spins waiting for host-side work
+// (the emulated NIC, a proxy) would then deadlock. Load every kernel of such a program before the first
+// waiting kernel is launched.
+template <typename... Kernels>
+void PreloadKernels(Kernels... kernels) {
+#if MORI_GPU_COMPILER && MORI_BACKEND_CUDA
+  cudaFuncAttributes attr;
+  ((void)cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernels)), ...);
+#elif MORI_GPU_COMPILER && MORI_BACKEND_HIP
+  hipFuncAttributes attr;
+  ((void)hipFuncGetAttributes(&attr, reinterpret_cast<const void*>(kernels)), ...);
+#else
+  ((void)kernels, ...);
 #endif
 }
 

@@ -1,5 +1,6 @@
 #include "nic_memory.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "mori/core/errors.hpp"
@@ -8,6 +9,22 @@ namespace mori::rdma::emulated {
 
 NicMemory::~NicMemory() {
   if (stream_ != nullptr) (void)core::GpuStreamDestroy(stream_);
+  if (staging_ != nullptr) (void)core::GpuFreeHost(staging_);
+}
+
+// Pageable host memory would make a device copy synchronous with the device's other work (a copy behind a
+// kernel that waits for this very NIC would never run); pinned staging keeps it on the NIC's stream.
+uint8_t* NicMemory::Staging(size_t bytes) {
+  if (bytes > stagingBytes_) {
+    if (staging_ != nullptr) (void)core::GpuFreeHost(staging_);
+    staging_ = nullptr;
+    size_t size = std::max<size_t>(bytes, 1 << 20);
+    void* p = nullptr;
+    MORI_CHECK_GPU(core::GpuHostAllocMapped(&p, size));
+    staging_ = static_cast<uint8_t*>(p);
+    stagingBytes_ = size;
+  }
+  return staging_;
 }
 
 bool NicMemory::IsDeviceMemory(const void* p, int* gpu) {
@@ -49,8 +66,12 @@ void NicMemory::Read(void* dst, uintptr_t src, size_t bytes, bool device, int gp
     return;
   }
   UseGpu(gpu);
-  MORI_CHECK_GPU(core::GpuMemcpyAsync(dst, reinterpret_cast<const void*>(src), bytes, stream_));
-  MORI_CHECK_GPU(core::GpuStreamSynchronize(stream_));
+  uint8_t* staging = Staging(bytes);
+  core::GpuStatus s = core::GpuMemcpyAsync(staging, reinterpret_cast<const void*>(src), bytes, stream_);
+  if (s == core::kGpuSuccess) s = core::GpuStreamSynchronize(stream_);
+  MORI_CHECK(s == core::kGpuSuccess, core::ErrorCode::Gpu, "emulated NIC: reading %zu bytes of GPU %d memory at %p: %s",
+             bytes, gpu, reinterpret_cast<void*>(src), core::GpuGetErrorString(s));
+  std::memcpy(dst, staging, bytes);
 }
 
 void NicMemory::Write(uintptr_t dst, const void* src, size_t bytes, bool device, int gpu) {
@@ -62,8 +83,12 @@ void NicMemory::Write(uintptr_t dst, const void* src, size_t bytes, bool device,
     return;
   }
   UseGpu(gpu);
-  MORI_CHECK_GPU(core::GpuMemcpyAsync(reinterpret_cast<void*>(dst), src, bytes, stream_));
-  MORI_CHECK_GPU(core::GpuStreamSynchronize(stream_));
+  uint8_t* staging = Staging(bytes);
+  std::memcpy(staging, src, bytes);
+  core::GpuStatus s = core::GpuMemcpyAsync(reinterpret_cast<void*>(dst), staging, bytes, stream_);
+  if (s == core::kGpuSuccess) s = core::GpuStreamSynchronize(stream_);
+  MORI_CHECK(s == core::kGpuSuccess, core::ErrorCode::Gpu, "emulated NIC: writing %zu bytes of GPU %d memory at %p: %s",
+             bytes, gpu, reinterpret_cast<void*>(dst), core::GpuGetErrorString(s));
 }
 
 uint64_t NicMemory::Atomic(uintptr_t addr, AtomicOp op, uint64_t swapAdd, uint64_t compare, bool device, int gpu) {

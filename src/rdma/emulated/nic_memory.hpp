@@ -1,5 +1,7 @@
 // How the emulated NIC reaches registered memory: host memory directly, GPU memory through the GPU runtime
-// (a copy-engine transfer on the NIC's own stream), the way a real NIC's DMA engine would reach either.
+// (a copy-engine transfer on the NIC's own stream, staged through pinned memory so that it never waits for
+// the kernels that are running), the way a real NIC's DMA engine would reach either. Failures throw
+// core::Error naming the address.
 #pragma once
 
 #include <cstddef>
@@ -29,8 +31,11 @@ class NicMemory {
 
  private:
   void UseGpu(int gpu);
+  uint8_t* Staging(size_t bytes);
   core::GpuStream stream_ = nullptr;
   int streamGpu_ = -1;
+  uint8_t* staging_ = nullptr;
+  size_t stagingBytes_ = 0;
 };
 
 }  // namespace mori::rdma::emulated

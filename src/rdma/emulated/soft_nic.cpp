@@ -293,23 +293,24 @@ void SoftNic::Run() {
   while (!stop_.load(std::memory_order_relaxed)) {
     bool work = false;
     Clock::time_point now = Clock::now();
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& [qpn, qp] : qps_) {
-        work |= PumpSendQueue(*qp, now);
-        work |= PumpRequests(*qp, now);
-        work |= PumpCompletions(*qp);
-      }
-      ReapLinks();
-    }
-    if (work) lastWork_ = now;
-    bool idle = now - lastWork_ > kSpinAfterWork;
     try {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (auto& [qpn, qp] : qps_) {
+          work |= PumpSendQueue(*qp, now);
+          work |= PumpRequests(*qp, now);
+          work |= PumpCompletions(*qp);
+        }
+        ReapLinks();
+      }
+      if (work) lastWork_ = now;
+      bool idle = now - lastWork_ > kSpinAfterWork;
       if (PollLinks(idle ? 1 : 0)) lastWork_ = Clock::now();
+      if (!idle) std::this_thread::yield();
     } catch (const std::exception& e) {
+      // The engine never dies: an unexpected failure is logged and the loop goes on.
       MORI_LOG_ERROR(Rdma, "emulated NIC engine: %s", e.what());
     }
-    if (!idle) std::this_thread::yield();
   }
 }
 
@@ -419,7 +420,10 @@ bool SoftNic::StartWqe(Qp& qp, uint32_t slot, Clock::time_point now) {
         return false;
       }
       scratch_.resize(byteCount);
-      if (byteCount > 0) memory_.Read(scratch_.data(), laddr, byteCount, region->device, region->gpu);
+      if (!ReadLocal(scratch_.data(), laddr, byteCount, *region)) {
+        FailWqe(qp, slot, opcode, signaled, kSyndromeLocalAccessErr);
+        return false;
+      }
       payload = scratch_.data();
       payloadBytes = byteCount;
     }
@@ -464,7 +468,10 @@ bool SoftNic::StartWqe(Qp& qp, uint32_t slot, Clock::time_point now) {
       return false;
     }
     scratch_.resize(len);
-    if (len > 0) memory_.Read(scratch_.data(), laddr, len, region->device, region->gpu);
+    if (!ReadLocal(scratch_.data(), laddr, len, *region)) {
+      FailWqe(qp, slot, opcode, signaled, kSyndromeLocalAccessErr);
+      return false;
+    }
     payload = scratch_.data();
     payloadBytes = len;
     h.type = static_cast<uint8_t>(PacketType::SendRequest);
@@ -592,7 +599,29 @@ bool SoftNic::PumpRequests(Qp& qp, Clock::time_point now) {
   return work;
 }
 
+bool SoftNic::ReadLocal(void* dst, uintptr_t addr, size_t bytes, const Region& region) {
+  try {
+    memory_.Read(dst, addr, bytes, region.device, region.gpu);
+    return true;
+  } catch (const std::exception& e) {
+    MORI_LOG_ERROR(Rdma, "%s", e.what());
+    return false;
+  }
+}
+
 bool SoftNic::Execute(Qp& qp, Request& r, Clock::time_point now) {
+  // The responder's memory accesses can fail (a GPU context that died): that is a remote operation error
+  // for the requester, never an exception out of the engine.
+  try {
+    return ExecuteUnchecked(qp, r, now);
+  } catch (const std::exception& e) {
+    MORI_LOG_ERROR(Rdma, "emulated QP %u: executing a request from QP %u failed: %s", qp.qpn, r.header.srcQpn, e.what());
+    Respond(*r.link, r.header, PacketType::Ack, kSyndromeRemoteOpErr, nullptr, 0);
+    return true;
+  }
+}
+
+bool SoftNic::ExecuteUnchecked(Qp& qp, Request& r, Clock::time_point now) {
   const PacketHeader& h = r.header;
   Link& link = *r.link;
   if (qp.state != Qp::State::Ready || qp.remoteQpn != h.srcQpn) {

@@ -158,6 +158,8 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
 
   // Responder side. Returns false when the request must wait (a send with no receive buffer yet).
   bool Execute(Qp& qp, Request& r, Clock::time_point now);
+  bool ExecuteUnchecked(Qp& qp, Request& r, Clock::time_point now);
+  bool ReadLocal(void* dst, uintptr_t addr, size_t bytes, const Region& region);
 
   // Completions.
   void PushCqe(Qp& qp, uint8_t opcode, uint32_t wqeCounter, uint32_t byteCount, uint8_t syndrome, uint8_t failedOpcode);

@@ -252,7 +252,7 @@ class VerbsContext : public RdmaDeviceContext {
     (void)cudaGetLastError();
     int fd = -1;
     size_t offset = 0;
-    if (device && api.regDmabufMr != nullptr && cuda::GetDmaBufFd(ptr, bytes, &fd, &offset)) {
+    if (device && api.regDmabufMr != nullptr && core::cuda::GetDmaBufFd(ptr, bytes, &fd, &offset)) {
       core::UniqueFd owned(fd);
       mr = api.regDmabufMr(pd_, offset, bytes, reinterpret_cast<uint64_t>(ptr), fd, static_cast<int>(access));
       if (mr == nullptr) {
