@@ -321,7 +321,8 @@ void SetNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // not a TCP socket: nothing to do
 }
 
-void SendAll(int fd, const void* data, size_t bytes, const Deadline& deadline, const std::string& what) {
+void SendAll(int fd, const void* data, size_t bytes, const Deadline& deadline, const std::string& what,
+             const std::function<void(int ms)>& whileFull) {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
     ssize_t n = send(fd, p, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -331,11 +332,16 @@ void SendAll(int fd, const void* data, size_t bytes, const Deadline& deadline, c
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-      pollfd pfd{fd, POLLOUT, 0};
-      int r = poll(&pfd, 1, std::min(deadline.RemainingMs(), 1000));
-      if (r == 0 && deadline.Expired()) {
-        throw TimeoutError(StrFormat("sending to %s did not finish within %.0f s (%zu bytes left)", what.c_str(),
-                                     deadline.TotalSeconds(), bytes));
+      if (deadline.Expired()) {
+        throw TimeoutError(StrFormat("sending to %s did not finish within %.0f s (%zu bytes left; is it alive and "
+                                     "reading?)",
+                                     what.c_str(), deadline.TotalSeconds(), bytes));
+      }
+      if (whileFull) {
+        whileFull(std::min(deadline.RemainingMs(), 100));
+      } else {
+        pollfd pfd{fd, POLLOUT, 0};
+        poll(&pfd, 1, std::min(deadline.RemainingMs(), 1000));
       }
       continue;
     }

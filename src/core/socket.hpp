@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -90,8 +91,11 @@ void SetNonBlocking(int fd, bool nonBlocking);
 void SetNoDelay(int fd);
 
 // Whole-buffer transfers on a socket, bounded by `deadline`. A closed connection raises RemoteFailure, a
-// timeout TimeoutError, both naming `what`.
-void SendAll(int fd, const void* data, size_t bytes, const Deadline& deadline, const std::string& what);
+// timeout TimeoutError, both naming `what`. While the socket is full SendAll waits in poll(), or, when
+// `whileFull` is given, calls it with the milliseconds it may spend (a caller that must keep reading its
+// own sockets meanwhile, so that two peers sending to each other never deadlock).
+void SendAll(int fd, const void* data, size_t bytes, const Deadline& deadline, const std::string& what,
+             const std::function<void(int ms)>& whileFull = nullptr);
 void RecvAll(int fd, void* data, size_t bytes, const Deadline& deadline, const std::string& what);
 
 }  // namespace mori::core::net

@@ -420,31 +420,11 @@ class SocketBootstrap::Impl {
 
   // Writes all bytes to `fd`, reading incoming frames whenever the socket is full.
   void WriteProgressing(int fd, const void* data, size_t bytes, int peer, const Deadline& deadline) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    while (bytes > 0) {
-      ssize_t n = send(fd, p, bytes, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n > 0) {
-        p += n;
-        bytes -= static_cast<size_t>(n);
-        continue;
-      }
-      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        if (deadline.Expired()) {
-          throw TimeoutError(StrFormat("rank %d: sending to rank %d stalled for %.0f s (%zu bytes left; is rank %d "
-                                       "alive and calling the bootstrap?)",
-                                       rank_, peer, deadline.TotalSeconds(), bytes, peer));
-        }
-        Progress(std::min(deadline.RemainingMs(), 100), fd);
-        continue;
-      }
-      int err = errno;
-      outgoing_[static_cast<size_t>(peer)].Reset();
-      if (err == EPIPE || err == ECONNRESET) {
-        throw Error(ErrorCode::RemoteFailure, StrFormat("rank %d: rank %d closed its bootstrap connection (process "
-                                                        "exited?)",
-                                                        rank_, peer));
-      }
-      MORI_THROW_SYS(err, "rank %d: send to rank %d", rank_, peer);
+    try {
+      net::SendAll(fd, data, bytes, deadline, RankName(peer), [&](int ms) { Progress(ms, fd); });
+    } catch (const Error&) {
+      outgoing_[static_cast<size_t>(peer)].Reset();  // a broken stream is not used again
+      throw;
     }
   }
 

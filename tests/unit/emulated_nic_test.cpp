@@ -145,6 +145,19 @@ class EmulatedNic : public ::testing::Test {
     return *result.DataAs<OpResult>();
   }
 
+  static HostWorkRequest WriteRequest(const RdmaMemoryRegion& src, const RdmaMemoryRegion& dst, size_t bytes,
+                                      uint64_t wrId) {
+    HostWorkRequest wr;
+    wr.op = HostOp::Write;
+    wr.laddr = src.addr;
+    wr.lkey = src.lkey;
+    wr.raddr = dst.addr;
+    wr.rkey = dst.rkey;
+    wr.bytes = bytes;
+    wr.wrId = wrId;
+    return wr;
+  }
+
   static std::vector<uint8_t> Read(const GpuBuffer& b, size_t offset, size_t bytes) {
     std::vector<uint8_t> out(bytes);
     EXPECT_EQ(core::GpuMemcpy(out.data(), b.DataAs<uint8_t>() + offset, bytes), core::kGpuSuccess);
@@ -255,14 +268,8 @@ TEST_F(EmulatedNic, WritesLandInPostingOrder) {
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
   // Host-posted: every write goes to the same word; after each completion the word must hold that write.
   for (uint32_t i = 0; i < kCount; ++i) {
-    HostWorkRequest wr;
-    wr.op = HostOp::Write;
-    wr.laddr = srcMr.addr + i * 8;
-    wr.lkey = srcMr.lkey;
-    wr.raddr = dstMr.addr;
-    wr.rkey = dstMr.rkey;
-    wr.bytes = 8;
-    wr.wrId = i;
+    HostWorkRequest wr = WriteRequest(srcMr, dstMr, 8, i);
+    wr.laddr += i * 8;
     wr.signaled = (i % 16 == 15) || i == kCount - 1;
     while (epA_.wqHandle.postIdx - epA_.wqHandle.doneIdx >= epA_.wqHandle.sqWqeNum - 1) {
       HostCompletion c[16];
@@ -434,13 +441,8 @@ TEST_F(EmulatedNic, AnErrorFlushesEverythingAfterItInOrder) {
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
   GetEmulatedNicControl(a_)->SetDelayMicroseconds(2000);  // all five are posted before the NIC looks
   for (uint32_t i = 0; i < 5; ++i) {
-    HostWorkRequest wr;
-    wr.laddr = srcMr.addr;
-    wr.lkey = srcMr.lkey;
-    wr.raddr = dstMr.addr;
-    wr.rkey = i == 1 ? dstMr.rkey ^ 1 : dstMr.rkey;  // the second one is bad
-    wr.bytes = 16;
-    wr.wrId = 100 + i;
+    HostWorkRequest wr = WriteRequest(srcMr, dstMr, 16, 100 + i);
+    if (i == 1) wr.rkey ^= 1;  // the second one is bad
     wr.signaled = i != 3;  // an unsignaled WQE after the error still completes (flushed)
     a_->HostPost(epA_, wr);
   }
@@ -462,14 +464,7 @@ TEST_F(EmulatedNic, AnErrorFlushesEverythingAfterItInOrder) {
     }
   }
   // The QP stays in error: a new post is flushed too.
-  HostWorkRequest again;
-  again.laddr = srcMr.addr;
-  again.lkey = srcMr.lkey;
-  again.raddr = dstMr.addr;
-  again.rkey = dstMr.rkey;
-  again.bytes = 8;
-  again.wrId = 7;
-  a_->HostPost(epA_, again);
+  a_->HostPost(epA_, WriteRequest(srcMr, dstMr, 8, 7));
   HostCompletion c[1];
   deadline = core::Deadline::After(30);
   int n = 0;
@@ -531,16 +526,7 @@ TEST_F(EmulatedNic, ADroppedLinkFailsWhatIsInFlightWithoutHanging) {
   ASSERT_EQ(first.status, kCqeReq);
   EmulatedNicControl* nic = GetEmulatedNicControl(a_);
   nic->SetDelayMicroseconds(200);
-  for (uint32_t i = 0; i < 200; ++i) {
-    HostWorkRequest wr;
-    wr.laddr = srcMr.addr;
-    wr.lkey = srcMr.lkey;
-    wr.raddr = dstMr.addr;
-    wr.rkey = dstMr.rkey;
-    wr.bytes = 64;
-    wr.wrId = i;
-    a_->HostPost(epA_, wr);
-  }
+  for (uint32_t i = 0; i < 200; ++i) a_->HostPost(epA_, WriteRequest(srcMr, dstMr, 64, i));
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   nic->DropLink();
   nic->SetDelayMicroseconds(0);
@@ -577,12 +563,7 @@ TEST_F(EmulatedNic, HostPostingRefusesAFullQueueAndBadInput) {
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
   GetEmulatedNicControl(a_)->SetDelayMicroseconds(100000);
-  HostWorkRequest wr;
-  wr.laddr = srcMr.addr;
-  wr.lkey = srcMr.lkey;
-  wr.raddr = dstMr.addr;
-  wr.rkey = dstMr.rkey;
-  wr.bytes = 8;
+  HostWorkRequest wr = WriteRequest(srcMr, dstMr, 8, 0);
   for (int i = 0; i < 4; ++i) a_->HostPost(epA_, wr);
   try {
     a_->HostPost(epA_, wr);
