@@ -4,12 +4,13 @@
 #      network namespaces, mpirun, GPU suites on host threads, install);
 #   2. builds the CUDA backend (compile and link; its tests also run when a GPU is present);
 #   3. compile-checks the HIP backend;
-#   4. builds the HOST backend with ASan+UBSan and runs the tests again.
-# Steps can be chosen: test.sh host cuda hip asan (default: all).
+#   4. builds the HOST backend with ASan+UBSan and runs the tests again;
+#   5. builds it with TSan and runs the tests again (the 100k-WQE queue-depth tests excepted: too slow there).
+# Steps can be chosen: test.sh host cuda hip asan tsan (default: all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(host cuda hip asan)
+[ ${#steps[@]} -eq 0 ] && steps=(host cuda hip asan tsan)
 want() { [[ " ${steps[*]} " == *" $1 "* ]]; }
 hip_flag=""
 want hip && hip_flag=--hip
@@ -19,9 +20,9 @@ jobs=$(nproc)
 failed=()
 summary=()
 
-run_ctest() {  # name, build dir
+run_ctest() {  # name, build dir, extra ctest arguments
   local log="$2/ctest.log"
-  (cd "$2" && ctest --output-on-failure -j "$jobs" --timeout 600) > "$log" 2>&1
+  (cd "$2" && ctest --output-on-failure -j "$jobs" --timeout 600 "${@:3}") > "$log" 2>&1
   local rc=$?
   summary+=("$1: $(grep -E '^[0-9]+% tests passed' "$log" || echo 'ctest did not finish')")
   grep -E '^[0-9]+% tests passed|tests? (FAILED|did not run)|^\s+[0-9]+ - ' "$log"
@@ -71,6 +72,11 @@ if want asan; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   build asan build-ci-asan -DMORI_GPU_BACKEND=HOST -DMORI_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug &&
     run_ctest asan+ubsan build-ci-asan
+fi
+if want tsan; then
+  export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+  build tsan build-ci-tsan -DMORI_GPU_BACKEND=HOST -DMORI_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug \
+    -DMORI_BUILD_EXAMPLES=OFF -DMORI_BUILD_BENCH=OFF && run_ctest tsan build-ci-tsan -E "Depths/|mpi_"
 fi
 
 echo

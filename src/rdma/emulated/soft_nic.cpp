@@ -774,8 +774,7 @@ bool SoftNic::PumpCompletions(Qp& qp) {
     std::memcpy(&tail, cqe.data() + offsetof(Cqe64, wqeCounter), 4);
     uint32_t owner = (qp.cqProduced & qp.cqDepth) ? 1u : 0u;
     tail |= owner << 24;  // op_own is the word's last byte
-    // The entry's body is written before the word with its owner bit, which hands it to software.
-    core::AtomicFence<MemoryOrder::Release, Scope::System>();
+    // Release: the entry's body is written before the word with its owner bit, which hands it to software.
     AtomicStore<MemoryOrder::Release>(reinterpret_cast<uint32_t*>(dst + offsetof(Cqe64, wqeCounter)), tail);
     ++qp.cqProduced;
     qp.cqOverrunWarned = false;

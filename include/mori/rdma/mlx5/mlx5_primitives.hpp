@@ -138,16 +138,14 @@ struct ProviderOps<ProviderType::MLX5> {
     uint8_t* wqe = static_cast<uint8_t*>(wq.rqAddr) + (slot & (wq.rqWqeNum - 1)) * mlx5::kReceiveWqeBytes;
     mlx5_detail::WriteData(wqe, static_cast<uint32_t>(bytes), lkey, laddr);
     wq.rqPostIdx = slot + 1;
-    // The receive descriptor is written before the record that hands it to the NIC.
-    core::AtomicFence<core::MemoryOrder::Release, core::Scope::System>();
-    core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::System>(static_cast<uint32_t*>(wq.rqDbrRecAddr),
+    // Release: the receive descriptor is written before the record that hands it to the NIC.
+    core::AtomicStore<core::MemoryOrder::Release, core::Scope::System>(static_cast<uint32_t*>(wq.rqDbrRecAddr),
                                                                        core::HostToBe32((slot + 1) & 0xffffu));
   }
 
   MORI_HOST_DEVICE_INLINE static void UpdateSendDbrRecord(void* dbrRecAddr, uint32_t wqeIdx) {
-    // Descriptors are written before the doorbell record that makes them the NIC's.
-    core::AtomicFence<core::MemoryOrder::Release, core::Scope::System>();
-    core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::System>(static_cast<uint32_t*>(dbrRecAddr),
+    // Release: descriptors are written before the doorbell record that makes them the NIC's.
+    core::AtomicStore<core::MemoryOrder::Release, core::Scope::System>(static_cast<uint32_t*>(dbrRecAddr),
                                                                        core::HostToBe32(wqeIdx & 0xffffu));
   }
 
@@ -163,14 +161,13 @@ struct ProviderOps<ProviderType::MLX5> {
     using namespace mlx5;
     uint32_t ci = *consIdx;
     uint8_t* cqe = static_cast<uint8_t*>(cqAddr) + static_cast<uintptr_t>(ci & (cqeNum - 1)) * kCqeBytes;
-    uint32_t tail = core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::System>(
+    // Acquire: the rest of the entry is read only after its owner bit says it is complete.
+    uint32_t tail = core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(
         reinterpret_cast<const uint32_t*>(cqe + offsetof(Cqe64, wqeCounter)));
     uint8_t opOwn = static_cast<uint8_t>(tail >> 24);
     uint8_t opcode = opOwn >> 4;
     uint8_t expectedOwner = (ci & cqeNum) ? 1 : 0;
     if (opcode == kCqeInvalid || (opOwn & kCqeOwnerMask) != expectedOwner) return kCqEmpty;
-    // The rest of the entry is read only after its owner bit says it is complete.
-    core::AtomicFence<core::MemoryOrder::Acquire, core::Scope::System>();
     *consIdx = ci + 1;
     bool error = opcode == kCqeReqErr || opcode == kCqeRespErr;
     if (info != nullptr) {
