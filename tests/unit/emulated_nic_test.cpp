@@ -257,6 +257,77 @@ TEST_F(EmulatedNic, EveryOperationMovesTheRightBytesAndNothingElse) {
   EXPECT_EQ(Mismatch(dst, 8192 + 3000, 100, 1, 10, 8192 + 3000 - 4096), 100u) << "bytes after the received message";
 }
 
+TEST_F(EmulatedNic, ZeroLengthWritesAndSendsComplete) {
+  Connect();
+  GpuBuffer& src = Alloc(64);
+  GpuBuffer& dst = Alloc(64);
+  Fill(dst, 8, 80);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  EXPECT_EQ(RunOp(0, srcMr.addr, srcMr.lkey, dstMr.addr, dstMr.rkey, 0).status, kCqeReq);
+  b_->HostPostRecv(epB_, dstMr.addr, dstMr.lkey, 64, 5);
+  EXPECT_EQ(RunOp(5, srcMr.addr, srcMr.lkey, 0, 0, 0).status, kCqeReq);
+  HostCompletion c[1];
+  int n = 0;
+  core::Deadline deadline = core::Deadline::After(30);
+  while ((n = b_->HostPoll(epB_, c, 1)) == 0 && !deadline.Expired()) std::this_thread::yield();
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(c[0].status, 0);
+  EXPECT_EQ(c[0].bytes, 0u);
+  EXPECT_EQ(c[0].wrId, 5u);
+  EXPECT_EQ(Mismatch(dst, 0, 64, 8, 80, 0), 64u) << "zero-length operations wrote something";
+}
+
+// A kernel posts and quiets on an endpoint that also receives: the receive completion in its CQ is set aside
+// for the application, not eaten by the retiring of send completions, and does not block it either.
+MORI_GLOBAL void WritesThenQuiet(Queues* q, RdmaMemoryRegion src, RdmaMemoryRegion dst, uint32_t count, uint32_t* errors) {
+  for (uint32_t i = 0; i < count; ++i) {
+    PostWriteOrdered<kMlx5>(q->wq, q->cq, src.addr, src.lkey, dst.addr, dst.rkey, 8, i % 4 == 0, kTimeoutNs);
+  }
+  *errors = QuietQueue<kMlx5>(q->wq, q->cq, kTimeoutNs);
+}
+
+TEST_F(EmulatedNic, ReceiveCompletionsSurviveSendRetirement) {
+  Connect();
+  GpuBuffer& src = Alloc(256);
+  GpuBuffer& dst = Alloc(256);
+  GpuBuffer& inbox = Alloc(128);
+  Fill(src, 9, 90);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion inboxMr = a_->RegisterRdmaMemoryRegion(inbox.Data(), inbox.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  RdmaMemoryRegion bSrc = b_->RegisterRdmaMemoryRegion(dst.DataAs<uint8_t>() + 128, 100);
+  a_->HostPostRecv(epA_, inboxMr.addr, inboxMr.lkey, 128, 0x77);
+  QA()->wq.rqPostIdx = epA_.wqHandle.rqPostIdx;
+  // B sends 100 bytes to A; A's CQ now holds a receive completion before any of A's send completions.
+  HostWorkRequest send;
+  send.op = HostOp::Send;
+  send.laddr = bSrc.addr;
+  send.lkey = bSrc.lkey;
+  send.bytes = 100;
+  send.wrId = 1;
+  b_->HostPost(epB_, send);
+  HostCompletion bc[1];
+  core::Deadline deadline = core::Deadline::After(30);
+  while (b_->HostPoll(epB_, bc, 1) == 0 && !deadline.Expired()) std::this_thread::yield();
+  GpuBuffer& errors = Alloc(4, MemoryType::HostPinned);
+  *errors.DataAs<uint32_t>() = 99;
+  core::LaunchKernel(WritesThenQuiet, Dim3(1), Dim3(1), 0, nullptr, QA(), srcMr, dstMr, 300u, errors.DataAs<uint32_t>());
+  ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+  EXPECT_EQ(*errors.DataAs<uint32_t>(), 0u);
+  // The application's poll still finds the receive, with its byte count.
+  epA_.wqHandle = QA()->wq;
+  epA_.cqHandle = QA()->cq;
+  HostCompletion c[4];
+  int n = a_->HostPoll(epA_, c, 4);
+  ASSERT_GE(n, 1);
+  EXPECT_TRUE(c[0].isReceive);
+  EXPECT_EQ(c[0].status, 0);
+  EXPECT_EQ(c[0].bytes, 100u);
+  EXPECT_EQ(c[0].wrId, 0x77u);
+  EXPECT_EQ(QA()->wq.rqDoneIdx, 1u);
+}
+
 TEST_F(EmulatedNic, WritesLandInPostingOrder) {
   Connect();
   constexpr uint32_t kCount = 2000;
@@ -413,6 +484,7 @@ TEST_F(EmulatedNic, ViolationsGiveTheRightSyndromeAndTouchNothing) {
        kSyndromeRemoteAccessErr},
       {"read into memory without local write", 1, noLocalWrite.addr, noLocalWrite.lkey, dstMr.addr, dstMr.rkey, 64,
        kSyndromeLocalProtErr},
+      // A handle claiming more inline room than the QP has: the NIC checks the QP's real limit.
       {"oversize inline", 2, reinterpret_cast<uintptr_t>(big.Data()), 0, dstMr.addr, dstMr.rkey, 40,
        kSyndromeLocalLengthErr},
       {"atomic on a region without remote atomics", 3, srcMr.addr, srcMr.lkey, readOnly.addr, readOnly.rkey, 8,
@@ -425,6 +497,7 @@ TEST_F(EmulatedNic, ViolationsGiveTheRightSyndromeAndTouchNothing) {
     a_->DestroyRdmaEndpoint(epA_.handle);
     b_->DestroyRdmaEndpoint(epB_.handle);
     Connect();
+    if (c.op == 2) QA()->wq.maxInlineData = 64;
     OpResult r = RunOp(c.op, c.laddr, c.lkey, c.raddr, c.rkey, c.bytes);
     ASSERT_TRUE(IsCqError(r.status)) << "status " << r.status;
     EXPECT_EQ(CqErrorSyndrome(r.status), c.syndrome) << SyndromeName(CqErrorSyndrome(r.status));
@@ -437,11 +510,14 @@ TEST_F(EmulatedNic, AnErrorFlushesEverythingAfterItInOrder) {
   Connect();
   GpuBuffer& src = Alloc(4096);
   GpuBuffer& dst = Alloc(4096);
+  Fill(src, 6, 60);
+  Fill(dst, 7, 70);
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
   GetEmulatedNicControl(a_)->SetDelayMicroseconds(2000);  // all five are posted before the NIC looks
   for (uint32_t i = 0; i < 5; ++i) {
     HostWorkRequest wr = WriteRequest(srcMr, dstMr, 16, 100 + i);
+    wr.raddr += 16 * i;  // each to its own 16 bytes of dst
     if (i == 1) wr.rkey ^= 1;  // the second one is bad
     wr.signaled = i != 3;  // an unsignaled WQE after the error still completes (flushed)
     a_->HostPost(epA_, wr);
@@ -458,6 +534,10 @@ TEST_F(EmulatedNic, AnErrorFlushesEverythingAfterItInOrder) {
   EXPECT_EQ(got[0].status, 0);
   EXPECT_EQ(got[1].status, kSyndromeRemoteAccessErr);
   for (int i = 2; i < 5; ++i) EXPECT_EQ(got[i].status, kSyndromeWrFlushErr) << i;
+  // Writes behind the refused one may already have been on the wire, but the responder drops them (out of
+  // sequence after a refusal): a flag written after bad data never lands.
+  EXPECT_EQ(Mismatch(dst, 0, 16, 6, 60, 0), 16u) << "the write before the error landed";
+  EXPECT_EQ(Mismatch(dst, 16, dst.Bytes() - 16, 7, 70, 16), dst.Bytes() - 16) << "nothing after the error landed";
   for (int i = 0; i < 5; ++i) {
     if (i != 3) {
       EXPECT_EQ(got[i].wrId, 100u + i);

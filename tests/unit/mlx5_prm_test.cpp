@@ -187,9 +187,12 @@ TEST(Mlx5Wqe, InlineAtomicSendNopAndRecv) {
   ExpectCtrl(w, 0, kOpcodeRdmaWrite, 5, DescriptorSegments(16 + 16 + 4 + sizeof(msg)), true);
   EXPECT_EQ(Be32At(w + 32), sizeof(msg) | kInlineSegFlag);
   EXPECT_EQ(std::memcmp(w + 36, msg, sizeof(msg)), 0);
-  // Oversize inline: the length is declared in full, only one block is written, the next slot stays intact.
+  // A handle claiming more inline room than one block: the length is declared in full (the NIC, which knows
+  // the QP's real limit, answers it), only one block is written and the next slot stays intact.
   std::vector<uint8_t> big(40, 0x42);
+  q.wq.maxInlineData = 64;
   PostWriteInline<kMlx5>(q.wq, 5, big.data(), 0xdead0000, 9, big.size());
+  q.wq.maxInlineData = kMaxInlineInOneBlock;
   EXPECT_EQ(Be32At(q.Wqe(1) + 32), 40u | kInlineSegFlag);
   EXPECT_EQ(Be32At(q.Wqe(1) + 4) & 0x3f, 4u);
   EXPECT_EQ(q.Wqe(2)[0], 0xee) << "an oversize inline WQE spilled into the next slot";
@@ -216,6 +219,25 @@ TEST(Mlx5Wqe, InlineAtomicSendNopAndRecv) {
   EXPECT_EQ(Be64At(q.rq.data() + 8), 0x6000u);
   EXPECT_EQ(BeToHost32(q.dbrec[kReceiveDbrIndex]), 1u);
 }
+
+#if MORI_BACKEND_HOST
+// More inline bytes than the QP allows, or a message beyond the NIC's limit, is the caller's error: the
+// primitive traps (on HOST the trap is an exception) instead of building a WQE a NIC would misread.
+TEST(Mlx5Wqe, OversizeRequestsTrapInsteadOfPosting) {
+  FakeQueues q(4);
+  std::vector<uint8_t> big(40, 0x42);
+  testing::internal::CaptureStderr();
+  EXPECT_THROW(PostWriteInline<kMlx5>(q.wq, 5, big.data(), 0xdead0000, 9, big.size()), core::host::KernelTrap);
+  EXPECT_THROW(PostWrite<kMlx5>(q.wq, 5, 0x1000, 1, 0x2000, 2, size_t(kMaxMessageBytes) + 1), core::host::KernelTrap);
+  EXPECT_THROW(PostSend<kMlx5>(q.wq, 5, 0x1000, 1, size_t(3) << 31), core::host::KernelTrap);
+  for (uint32_t i = 0; i < 8; ++i) PostRecv<kMlx5>(q.wq, 0x1000, 1, 64);  // fills the 8-deep receive queue
+  EXPECT_THROW(PostRecv<kMlx5>(q.wq, 0x1000, 1, 64), core::host::KernelTrap);
+  std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("40 inline bytes exceed the QP's 28"), std::string::npos) << log;
+  EXPECT_NE(log.find("exceeds the NIC's 1073741824-byte limit"), std::string::npos) << log;
+  EXPECT_NE(log.find("the receive queue is full"), std::string::npos) << log;
+}
+#endif
 
 TEST(Mlx5Wqe, DoorbellRecordAndRegister) {
   FakeQueues q(4);

@@ -5,7 +5,8 @@
 //     ...)): raw building blocks for one posting thread that keeps at most sqWqeNum WQEs outstanding;
 //   - ordered forms (Post*Ordered, QuietQueue): any number of threads may post to one QP at once; each
 //     reserves a slot, waits (bounded) while the send queue is full, retiring completions itself, and
-//     doorbells are rung in slot order.
+//     doorbells are rung in slot order. Their waits assume threads of one warp progress independently
+//     (NVIDIA since Volta, HOST); on AMD GPUs let one lane per wavefront post for the others.
 #pragma once
 
 #include <cstddef>
@@ -128,49 +129,89 @@ template <ProviderType P>
 MORI_HOST_DEVICE_INLINE void UpdateCqDbrRecord(void* dbrRecAddr, uint32_t consIdx) {
   ProviderOps<P>::UpdateCqDbrRecord(dbrRecAddr, consIdx);
 }
-// Like the short PollCq, and on a send-queue completion (success or error) also marks every slot up to the
-// one it names as done in `wq`; *info (if given) receives the rest of the completion. One thread at a time
-// per CQ (RetireCompletions takes the CQ's lock for this).
+namespace cq_detail {
+
+// Consumes the entry at cq.consIdx (with the CQ's lock held) unless it is empty. With `sendOnly`, a receive
+// completion is set aside in the CQ's stash for whoever polls for receives (left in place when the stash is
+// full). Errors are counted before the slots they complete are published, so whoever sees a slot done also
+// sees its error.
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE int Consume(CompletionQueueHandle& cq, WorkQueueHandle& wq, CqeInfo* out, bool sendOnly) {
+  using core::MemoryOrder;
+  using core::Scope;
+  int r = ProviderOps<P>::PeekCq(cq.cqAddr, cq.cqeNum, cq.consIdx, out);
+  if (r == kCqEmpty) return kCqEmpty;
+  bool stash = sendOnly && !out->isSend;
+  if (stash && cq.stashTail - cq.stashHead >= CompletionQueueHandle::kStashSize) return kCqEmpty;
+  cq.consIdx += 1;
+  if (IsCqError(r) && core::AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(&cq.errorCount, 1u) == 0u) {
+    core::AtomicStore<MemoryOrder::Relaxed, Scope::Device>(&cq.firstError,
+                                                           (uint32_t(CqErrorSyndrome(r)) << 16) | (out->wqeCounter & 0xffff));
+  }
+  if (stash) {
+    cq.stash[cq.stashTail % CompletionQueueHandle::kStashSize] =
+        CqStashEntry{r, out->wqeCounter, out->byteCount, out->qpn};
+    cq.stashTail += 1;
+  }
+  if (out->qpn != wq.qpn) return r;  // another QP's completion on a shared CQ: not this queue's progress
+  if (out->isSend) {
+    // RC completes in order: the slot named and all before it are done (16-bit counter, 32-bit slots). A
+    // counter outside the window of outstanding slots is stale and moves nothing.
+    uint32_t done = core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&wq.doneIdx);
+    uint32_t advance = ((out->wqeCounter - done) & 0xffffu) + 1;
+    if (advance <= wq.sqWqeNum) core::AtomicStore<MemoryOrder::Release, Scope::Device>(&wq.doneIdx, done + advance);
+  } else {
+    core::AtomicFetchAdd<MemoryOrder::Release, Scope::Device>(&wq.rqDoneIdx, 1u);  // one CQE per receive WQE
+  }
+  return r;
+}
+
+MORI_HOST_DEVICE_INLINE bool TryLock(CompletionQueueHandle& cq) {
+  return core::AtomicCompareExchange<core::MemoryOrder::Acquire, core::Scope::Device>(&cq.pollLock, 0u, 1u) == 0u;
+}
+MORI_HOST_DEVICE_INLINE void Unlock(CompletionQueueHandle& cq) {
+  core::AtomicStore<core::MemoryOrder::Release, core::Scope::Device>(&cq.pollLock, 0u);
+}
+
+}  // namespace cq_detail
+
+// Polls one completion of `cq` for the queue pair `wq`: first any receive completion set aside while send
+// completions were retired, then the CQ itself. A send completion (success or error) marks every slot up to
+// the one it names as done, a receive completion one receive slot; errors are counted in cq.errorCount (the
+// first in cq.firstError); the CQ's doorbell record is updated. Returns kCqEmpty also while another thread
+// holds the CQ. *info (if given) receives the rest of the completion.
 template <ProviderType P>
 MORI_HOST_DEVICE_INLINE int PollCq(CompletionQueueHandle& cq, WorkQueueHandle& wq, CqeInfo* info = nullptr) {
   CqeInfo local{};
   CqeInfo* out = info != nullptr ? info : &local;
-  int r = ProviderOps<P>::PollCq(cq.cqAddr, cq.cqeNum, &cq.consIdx, out);
-  if (r != kCqEmpty && out->isSend) {
-    // RC completes in order: the slot named and all before it are done. 16-bit counter, 32-bit slots.
-    uint32_t done = core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::Device>(&wq.doneIdx);
-    uint32_t completed = done + ((out->wqeCounter - done) & 0xffffu) + 1;
-    if (static_cast<int32_t>(completed - done) > 0) {
-      core::AtomicStore<core::MemoryOrder::Release, core::Scope::Device>(&wq.doneIdx, completed);
-    }
+  if (!cq_detail::TryLock(cq)) return kCqEmpty;
+  int r;
+  if (cq.stashHead != cq.stashTail) {
+    const CqStashEntry& e = cq.stash[cq.stashHead % CompletionQueueHandle::kStashSize];
+    *out = CqeInfo{e.wqeCounter, e.byteCount, e.qpn, false};
+    r = e.result;
+    cq.stashHead += 1;
+  } else {
+    r = cq_detail::Consume<P>(cq, wq, out, false);
+    if (r != kCqEmpty) UpdateCqDbrRecord<P>(cq.dbrRecAddr, cq.consIdx);
   }
+  cq_detail::Unlock(cq);
   return r;
 }
 
 // ---- Ordered posting, built on the primitives above ----
 
-// Retires every completion available now (if no other thread is doing so), advancing wq.doneIdx; error
-// completions are counted in cq.errorCount, the first one kept in cq.firstError. Returns how many it retired.
+// Retires the completions available now (if no other thread holds the CQ), advancing wq.doneIdx and
+// counting errors. Receive completions are set aside for whoever polls for receives (retiring stops while
+// that stash is full). Returns how many it retired.
 template <ProviderType P>
 MORI_HOST_DEVICE_INLINE uint32_t RetireCompletions(CompletionQueueHandle& cq, WorkQueueHandle& wq) {
-  using core::MemoryOrder;
-  using core::Scope;
-  if (core::AtomicCompareExchange<MemoryOrder::Acquire, Scope::Device>(&cq.pollLock, 0u, 1u) != 0u) return 0;
+  if (!cq_detail::TryLock(cq)) return 0;
   uint32_t retired = 0;
-  while (true) {
-    CqeInfo info{};
-    int r = PollCq<P>(cq, wq, &info);
-    if (r == kCqEmpty) break;
-    ++retired;
-    if (IsCqError(r)) {
-      if (core::AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(&cq.errorCount, 1u) == 0u) {
-        core::AtomicStore<MemoryOrder::Relaxed, Scope::Device>(
-            &cq.firstError, (uint32_t(CqErrorSyndrome(r)) << 16) | (info.wqeCounter & 0xffff));
-      }
-    }
-  }
+  CqeInfo info{};
+  while (cq_detail::Consume<P>(cq, wq, &info, true) != kCqEmpty) ++retired;
   if (retired > 0) UpdateCqDbrRecord<P>(cq.dbrRecAddr, cq.consIdx);
-  core::AtomicStore<MemoryOrder::Release, Scope::Device>(&cq.pollLock, 0u);
+  cq_detail::Unlock(cq);
   return retired;
 }
 

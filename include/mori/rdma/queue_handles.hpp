@@ -51,24 +51,39 @@ struct WorkQueueHandle {
   void* dbrAddr;       // the doorbell register (UAR / BlueFlame), written with 8 bytes
   void* rqAddr;
   uint32_t rqWqeNum;   // power of two
-  uint32_t rqPostIdx;
+  uint32_t rqPostIdx;  // next receive slot
+  uint32_t rqDoneIdx;  // receive slots before it have completed
   void* rqDbrRecAddr;  // the receive-queue doorbell record
   uint32_t qpn;
   uint32_t maxInlineData;
 };
 static_assert(std::is_trivially_copyable_v<WorkQueueHandle>, "WorkQueueHandle is plain data");
 
+// A receive completion taken off the CQ by a thread that was retiring send completions, kept for whoever
+// polls for receives.
+struct CqStashEntry {
+  int32_t result;  // what PollCq returns for it
+  uint32_t wqeCounter;
+  uint32_t byteCount;
+  uint32_t qpn;
+};
+
 // A completion queue. consIdx counts consumed entries; entry i lives at cqAddr + (i % cqeNum) * cqeSize and
 // belongs to software when its owner bit equals (i / cqeNum) & 1.
 struct CompletionQueueHandle {
+  static constexpr uint32_t kStashSize = 16;
+
   void* cqAddr;
   uint32_t cqeNum;  // power of two
   uint32_t cqeSize;
   uint32_t consIdx;
-  uint32_t pollLock;     // taken by the thread that retires completions for flow control
+  uint32_t pollLock;     // held by the thread consuming entries
   void* dbrRecAddr;      // consumer-index doorbell record
-  uint32_t errorCount;   // error CQEs seen while retiring completions for flow control
+  uint32_t errorCount;   // error CQEs consumed through the full-form poll or while retiring
   uint32_t firstError;   // syndrome << 16 | wqe counter of the first of them
+  uint32_t stashHead;    // receive completions set aside: [stashHead, stashTail) of the ring below
+  uint32_t stashTail;
+  CqStashEntry stash[kStashSize];
 };
 static_assert(std::is_trivially_copyable_v<CompletionQueueHandle>, "CompletionQueueHandle is plain data");
 

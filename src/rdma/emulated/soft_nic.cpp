@@ -200,6 +200,7 @@ void SoftNic::ConnectEndpoint(const RdmaEndpointHandle& local, const RdmaEndpoin
   qp.remoteAddr = net::SocketAddress::FromWire(w);
   qp.remoteQpn = remote.qpn;
   qp.nextPsn = local.psn;
+  qp.expectedPsn = remote.psn;
   qp.connected = true;
   qp.state = Qp::State::Ready;
   MORI_LOG_DEBUG(Rdma, "emulated QP %u connected to QP %u at %s", qp.qpn, remote.qpn, qp.remoteAddr.ToString().c_str());
@@ -414,13 +415,14 @@ bool SoftNic::StartWqe(Qp& qp, uint32_t slot, Clock::time_point now) {
       uint32_t lkey = BeToHost32(data->lkey);
       uintptr_t laddr = BeToHost64(data->addr);
       const Region* region = nullptr;
-      uint8_t bad = CheckLocal(lkey, laddr, byteCount, false, &region);
+      uint8_t bad = byteCount > kMaxMessageBytes ? uint8_t{kSyndromeLocalLengthErr}
+                                                 : CheckLocal(lkey, laddr, byteCount, false, &region);
       if (bad != 0) {
         FailWqe(qp, slot, opcode, signaled, bad);
         return false;
       }
       scratch_.resize(byteCount);
-      if (!ReadLocal(scratch_.data(), laddr, byteCount, *region)) {
+      if (byteCount > 0 && !ReadLocal(scratch_.data(), laddr, byteCount, *region)) {
         FailWqe(qp, slot, opcode, signaled, kSyndromeLocalAccessErr);
         return false;
       }
@@ -431,11 +433,15 @@ bool SoftNic::StartWqe(Qp& qp, uint32_t slot, Clock::time_point now) {
     const WqeDataSeg* data = reinterpret_cast<const WqeDataSeg*>(wqe + sizeof(WqeCtrlSeg) + sizeof(WqeRaddrSeg));
     f.length = BeToHost32(data->byteCount);
     f.laddr = BeToHost64(data->addr);
-    uint8_t bad = CheckLocal(BeToHost32(data->lkey), f.laddr, f.length, true, &f.local);
+    const Region* local = nullptr;
+    uint8_t bad = f.length > kMaxMessageBytes ? uint8_t{kSyndromeLocalLengthErr}
+                                              : CheckLocal(BeToHost32(data->lkey), f.laddr, f.length, true, &local);
     if (bad != 0) {
       FailWqe(qp, slot, opcode, signaled, bad);
       return false;
     }
+    f.localDevice = local != nullptr && local->device;
+    f.localGpu = local != nullptr ? local->gpu : -1;
     h.type = static_cast<uint8_t>(PacketType::ReadRequest);
     h.length = f.length;
   } else if (opcode == kOpcodeAtomicCompareSwap || opcode == kOpcodeAtomicFetchAdd) {
@@ -448,11 +454,14 @@ bool SoftNic::StartWqe(Qp& qp, uint32_t slot, Clock::time_point now) {
       FailWqe(qp, slot, opcode, signaled, kSyndromeLocalLengthErr);
       return false;
     }
-    uint8_t bad = CheckLocal(BeToHost32(data->lkey), f.laddr, 8, true, &f.local);
+    const Region* local = nullptr;
+    uint8_t bad = CheckLocal(BeToHost32(data->lkey), f.laddr, 8, true, &local);
     if (bad != 0) {
       FailWqe(qp, slot, opcode, signaled, bad);
       return false;
     }
+    f.localDevice = local->device;
+    f.localGpu = local->gpu;
     h.type = static_cast<uint8_t>(PacketType::AtomicRequest);
     h.atomicOp = static_cast<uint8_t>(opcode == kOpcodeAtomicCompareSwap ? AtomicOp::CompareSwap : AtomicOp::FetchAdd);
     h.swapAdd = BeToHost64(atomic->swapAdd);
@@ -462,13 +471,14 @@ bool SoftNic::StartWqe(Qp& qp, uint32_t slot, Clock::time_point now) {
     uint32_t len = BeToHost32(data->byteCount);
     uintptr_t laddr = BeToHost64(data->addr);
     const Region* region = nullptr;
-    uint8_t bad = CheckLocal(BeToHost32(data->lkey), laddr, len, false, &region);
+    uint8_t bad = len > kMaxMessageBytes ? uint8_t{kSyndromeLocalLengthErr}
+                                         : CheckLocal(BeToHost32(data->lkey), laddr, len, false, &region);
     if (bad != 0) {
       FailWqe(qp, slot, opcode, signaled, bad);
       return false;
     }
     scratch_.resize(len);
-    if (!ReadLocal(scratch_.data(), laddr, len, *region)) {
+    if (len > 0 && !ReadLocal(scratch_.data(), laddr, len, *region)) {
       FailWqe(qp, slot, opcode, signaled, kSyndromeLocalAccessErr);
       return false;
     }
@@ -528,6 +538,11 @@ void SoftNic::Send(Link& link, const PacketHeader& h, const void* payload, size_
 
 void SoftNic::Respond(Link& link, const PacketHeader& request, PacketType type, uint8_t syndrome, const void* payload,
                       size_t bytes, uint64_t value) {
+  // A refused request does not advance the expected sequence: what follows it is dropped.
+  if (IsRequest(request.type) && syndrome == 0) {
+    Qp* qp = FindQp(request.dstQpn);
+    if (qp != nullptr && qp->expectedPsn == request.psn) qp->expectedPsn = (qp->expectedPsn + 1) & 0xffffff;
+  }
   if (link.dead) return;
   PacketHeader h{};
   h.magic = kWireMagic;
@@ -548,6 +563,7 @@ void SoftNic::OnResponse(Qp& qp, const PacketHeader& h, std::vector<uint8_t>& pa
     f.done = true;
     if (h.syndrome != 0) {
       f.syndrome = h.syndrome;
+      qp.blocked = true;  // send nothing more: the QP is about to enter the error state
       return;
     }
     try {
@@ -556,13 +572,11 @@ void SoftNic::OnResponse(Qp& qp, const PacketHeader& h, std::vector<uint8_t>& pa
           f.syndrome = kSyndromeBadRespErr;
           return;
         }
-        memory_.Write(f.laddr, payload.data(), payload.size(), f.local != nullptr && f.local->device,
-                      f.local != nullptr ? f.local->gpu : -1);
+        memory_.Write(f.laddr, payload.data(), payload.size(), f.localDevice, f.localGpu);
         f.byteCount = f.length;
         bytesMoved_.fetch_add(payload.size(), std::memory_order_relaxed);
       } else if (h.type == static_cast<uint8_t>(PacketType::AtomicResponse)) {
-        memory_.Write(f.laddr, &h.swapAdd, sizeof(h.swapAdd), f.local != nullptr && f.local->device,
-                      f.local != nullptr ? f.local->gpu : -1);
+        memory_.Write(f.laddr, &h.swapAdd, sizeof(h.swapAdd), f.localDevice, f.localGpu);
         f.byteCount = 8;
       }
     } catch (const core::Error& e) {
@@ -575,12 +589,16 @@ void SoftNic::OnResponse(Qp& qp, const PacketHeader& h, std::vector<uint8_t>& pa
 }
 
 void SoftNic::FailInFlight(Qp& qp, uint8_t syndrome) {
+  bool failed = false;
   for (InFlight& f : qp.inflight) {
     if (!f.done) {
       f.done = true;
       f.syndrome = syndrome;
+      failed = true;
     }
   }
+  // Send nothing more until the failure reaches the front of the queue and moves the QP to error.
+  if (failed && qp.state != Qp::State::Error) qp.blocked = true;
 }
 
 // ---------------------------------------------------------------- responder
@@ -629,6 +647,19 @@ bool SoftNic::ExecuteUnchecked(Qp& qp, Request& r, Clock::time_point now) {
     Respond(link, h, PacketType::Ack, kSyndromeTransportRetryExcErr, nullptr, 0);
     return true;
   }
+  if (h.psn != qp.expectedPsn) {
+    // Out of sequence: a request after one this responder refused. RC drops it; the requester has the error
+    // of the refused one and flushes everything after it.
+    MORI_LOG_DEBUG(Rdma, "emulated QP %u: dropped request psn %u, expecting %u", qp.qpn, h.psn, qp.expectedPsn);
+    return true;
+  }
+  bool done = ExecuteInSequence(qp, r, now);
+  return done;
+}
+
+bool SoftNic::ExecuteInSequence(Qp& qp, Request& r, Clock::time_point now) {
+  const PacketHeader& h = r.header;
+  Link& link = *r.link;
   const Region* region = nullptr;
   switch (static_cast<PacketType>(h.type)) {
     case PacketType::WriteRequest: {
@@ -916,16 +947,23 @@ void SoftNic::KillLink(Link& link, const std::string& reason) {
       FailInFlight(*qp, kSyndromeTransportRetryExcErr);
       qp->link = nullptr;
     }
-    std::deque<Request> keep;
-    for (auto& r : qp->requests) {
-      if (r.link != &link) keep.push_back(std::move(r));
-    }
-    qp->requests.swap(keep);
   }
+  // Requests that came on this link stay queued (one may be executing right now) and are dropped when
+  // their turn comes or when the link is reaped.
   MORI_LOG_INFO(Rdma, "emulated NIC: wire connection with %s closed: %s", link.peer.ToString().c_str(), reason.c_str());
 }
 
 void SoftNic::ReapLinks() {
+  bool anyDead = false;
+  for (const auto& l : links_) anyDead |= l->dead;
+  if (!anyDead) return;
+  for (auto& [qpn, qp] : qps_) {
+    std::deque<Request> keep;
+    for (auto& r : qp->requests) {
+      if (!r.link->dead) keep.push_back(std::move(r));
+    }
+    qp->requests.swap(keep);
+  }
   links_.remove_if([](const std::unique_ptr<Link>& l) { return l->dead; });
 }
 

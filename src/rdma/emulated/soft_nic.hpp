@@ -76,7 +76,8 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
     uint32_t byteCount = 0;
     uintptr_t laddr = 0;  // where a read's data or an atomic's original value lands
     uint32_t length = 0;
-    const Region* local = nullptr;
+    bool localDevice = false;  // of the region laddr lies in (by value: it may be deregistered meanwhile)
+    int localGpu = -1;
   };
 
   // A request from a peer, executed in arrival order per QP.
@@ -107,7 +108,8 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
     net::SocketAddress remoteAddr;
     uint32_t remoteQpn = 0;
     Link* link = nullptr;  // outgoing connection to the peer's NIC
-    uint32_t nextPsn = 0;
+    uint32_t nextPsn = 0;      // requester: PSN of the next request sent
+    uint32_t expectedPsn = 0;  // responder: PSN of the next request to execute
 
     uint32_t sqConsumed = 0;  // next send slot the NIC reads
     uint32_t rqConsumed = 0;
@@ -159,6 +161,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   // Responder side. Returns false when the request must wait (a send with no receive buffer yet).
   bool Execute(Qp& qp, Request& r, Clock::time_point now);
   bool ExecuteUnchecked(Qp& qp, Request& r, Clock::time_point now);
+  bool ExecuteInSequence(Qp& qp, Request& r, Clock::time_point now);
   bool ReadLocal(void* dst, uintptr_t addr, size_t bytes, const Region& region);
 
   // Completions.

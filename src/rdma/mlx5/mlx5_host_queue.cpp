@@ -2,6 +2,7 @@
 
 #include "mori/core/errors.hpp"
 #include "mori/rdma/device_primitives.hpp"
+#include "mori/rdma/mlx5/mlx5_prm.hpp"
 
 namespace mori::rdma {
 
@@ -14,6 +15,8 @@ void Mlx5HostQueues::Post(RdmaEndpoint& ep, const HostWorkRequest& wr) {
              slot - wq.doneIdx);
   MORI_CHECK(wr.op != HostOp::WriteInline || wr.bytes <= wq.maxInlineData, core::ErrorCode::InvalidUsage,
              "QP %u: %zu inline bytes exceed the QP's %u", wq.qpn, wr.bytes, wq.maxInlineData);
+  MORI_CHECK(wr.bytes <= mlx5::kMaxMessageBytes, core::ErrorCode::InvalidUsage,
+             "QP %u: a message of %zu bytes exceeds the NIC's %u-byte limit", wq.qpn, wr.bytes, mlx5::kMaxMessageBytes);
   uint64_t dbr = 0;
   switch (wr.op) {
     case HostOp::Write:
@@ -39,7 +42,7 @@ void Mlx5HostQueues::Post(RdmaEndpoint& ep, const HostWorkRequest& wr) {
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    ids_[wq.qpn].send[slot] = wr.wrId;
+    ids_[wq.qpn].send.emplace_back(slot, wr.wrId);
   }
   wq.postIdx = slot + 1;
   UpdateSendDbrRecord<P>(wq.dbrRecAddr, slot + 1);
@@ -50,9 +53,10 @@ void Mlx5HostQueues::Post(RdmaEndpoint& ep, const HostWorkRequest& wr) {
 void Mlx5HostQueues::PostRecv(RdmaEndpoint& ep, uintptr_t laddr, uint32_t lkey, size_t bytes, uint64_t wrId) {
   std::lock_guard<std::mutex> lock(mutex_);
   Ids& ids = ids_[ep.wqHandle.qpn];
-  MORI_CHECK(ids.recv.size() < ep.wqHandle.rqWqeNum, core::ErrorCode::InvalidUsage,
-             "QP %u: the receive queue is full (%zu buffers posted)", ep.wqHandle.qpn, ids.recv.size());
-  ids.recv[ep.wqHandle.rqPostIdx] = wrId;
+  MORI_CHECK(ep.wqHandle.rqPostIdx - ep.wqHandle.rqDoneIdx < ep.wqHandle.rqWqeNum, core::ErrorCode::InvalidUsage,
+             "QP %u: the receive queue is full (%u buffers posted, none consumed since)", ep.wqHandle.qpn,
+             ep.wqHandle.rqPostIdx - ep.wqHandle.rqDoneIdx);
+  ids.recv.emplace_back(ep.wqHandle.rqPostIdx, wrId);
   rdma::PostRecv<ProviderType::MLX5>(ep.wqHandle, laddr, lkey, bytes);
 }
 
@@ -69,15 +73,15 @@ int Mlx5HostQueues::Poll(RdmaEndpoint& ep, HostCompletion* out, int maxCompletio
     c.wrId = 0;
     std::lock_guard<std::mutex> lock(mutex_);
     auto& ids = info.isSend ? ids_[ep.wqHandle.qpn].send : ids_[ep.wqHandle.qpn].recv;
-    // In-order completion: entries before the one named were unsignaled (or flushed) and are retired too.
-    for (auto it = ids.begin(); it != ids.end();) {
-      bool match = (it->first & 0xffffu) == info.wqeCounter;
-      if (match) c.wrId = it->second;
-      it = ids.erase(it);
-      if (match) break;
+    // Completions come in slot order: the oldest outstanding slot whose 16-bit index the CQE names is this
+    // one, and those before it (unsignaled sends completed with it) retire with it.
+    for (size_t i = 0; i < ids.size(); ++i) {
+      if ((ids[i].first & 0xffffu) != info.wqeCounter) continue;
+      c.wrId = ids[i].second;
+      ids.erase(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      break;
     }
   }
-  if (n > 0) UpdateCqDbrRecord<ProviderType::MLX5>(ep.cqHandle.dbrRecAddr, ep.cqHandle.consIdx);
   return n;
 }
 

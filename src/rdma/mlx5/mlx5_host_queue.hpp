@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 
@@ -18,9 +19,10 @@ class Mlx5HostQueues {
   void Forget(uint32_t qpn);
 
  private:
+  // (slot, wr id) in posting order: completions come in the same order, so the front is the oldest.
   struct Ids {
-    std::map<uint32_t, uint64_t> send;  // by send slot
-    std::map<uint32_t, uint64_t> recv;  // by receive slot
+    std::deque<std::pair<uint32_t, uint64_t>> send;
+    std::deque<std::pair<uint32_t, uint64_t>> recv;
   };
   std::mutex mutex_;
   std::map<uint32_t, Ids> ids_;  // by QP number

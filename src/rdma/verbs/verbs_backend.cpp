@@ -5,6 +5,7 @@
 // leaves posting to the host: ibv_post_send / ibv_poll_cq.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -180,7 +181,11 @@ class VerbsContext : public RdmaDeviceContext {
     }
     out.wqHandle.qpn = ep.qp->qp_num;
     out.wqHandle.maxInlineData = init.cap.max_inline_data;
-    if (direct_) FillMlx5Handles(ep, config, out);
+    if (direct_) {
+      // mori's inline WQEs are one basic block: the device primitives write at most this much inline.
+      out.wqHandle.maxInlineData = std::min<uint32_t>(init.cap.max_inline_data, mlx5::kMaxInlineInOneBlock);
+      FillMlx5Handles(ep, config, out);
+    }
     endpoints_[ep.qp->qp_num] = std::move(ep);
     return out;
   }

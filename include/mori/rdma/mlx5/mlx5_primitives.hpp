@@ -56,9 +56,15 @@ MORI_HOST_DEVICE_INLINE void WriteData(uint8_t* seg, uint32_t bytes, uint32_t lk
   Store64(seg + 8, core::HostToBe64(addr));
 }
 
+MORI_HOST_DEVICE_INLINE void CheckMessageSize(const WorkQueueHandle& wq, size_t bytes) {
+  MORI_DEVICE_ASSERT(bytes <= kMaxMessageBytes, "qp %u: a message of %llu bytes exceeds the NIC's %u-byte limit",
+                     wq.qpn, static_cast<unsigned long long>(bytes), kMaxMessageBytes);
+}
+
 MORI_HOST_DEVICE_INLINE uint64_t WriteRemoteOp(const WorkQueueHandle& wq, uint32_t slot, bool signal, uint8_t opcode,
                                                uint32_t qpn, uintptr_t laddr, uint32_t lkey, uintptr_t raddr,
                                                uint32_t rkey, size_t bytes) {
+  CheckMessageSize(wq, bytes);
   uint8_t* wqe = WqeAt(wq, slot);
   WriteRaddr(wqe + sizeof(WqeCtrlSeg), raddr, rkey);
   WriteData(wqe + sizeof(WqeCtrlSeg) + sizeof(WqeRaddrSeg), static_cast<uint32_t>(bytes), lkey, laddr);
@@ -85,12 +91,15 @@ struct ProviderOps<ProviderType::MLX5> {
     return mlx5_detail::WriteRemoteOp(wq, slot, signal, mlx5::kOpcodeRdmaRead, qpn, laddr, lkey, raddr, rkey, bytes);
   }
 
-  // Inline data follows the raddr segment in the same basic block. A length beyond what one block holds is
-  // still declared in full (only what fits is copied), so that the NIC, not the slot after this one,
-  // answers it: a local length error.
+  // Inline data follows the raddr segment in the same basic block. More than the QP allows is a caller's
+  // error and traps (a NIC would read the declared length past the block). Only what fits in the block is
+  // ever copied, so a handle that claims more than the QP has cannot spill into the next slot either: the
+  // NIC then answers with a local length error.
   MORI_HOST_DEVICE_INLINE static uint64_t WriteInline(WorkQueueHandle& wq, uint32_t slot, bool signal, uint32_t qpn,
                                                       const void* val, uintptr_t raddr, uint32_t rkey, size_t bytes) {
     using namespace mlx5;
+    MORI_DEVICE_ASSERT(bytes <= wq.maxInlineData, "qp %u: %llu inline bytes exceed the QP's %u", wq.qpn,
+                       static_cast<unsigned long long>(bytes), wq.maxInlineData);
     uint8_t* wqe = mlx5_detail::WqeAt(wq, slot);
     uint8_t* seg = wqe + sizeof(WqeCtrlSeg);
     mlx5_detail::WriteRaddr(seg, raddr, rkey);
@@ -124,6 +133,7 @@ struct ProviderOps<ProviderType::MLX5> {
 
   MORI_HOST_DEVICE_INLINE static uint64_t Send(WorkQueueHandle& wq, uint32_t slot, bool signal, uint32_t qpn,
                                                uintptr_t laddr, uint32_t lkey, size_t bytes) {
+    mlx5_detail::CheckMessageSize(wq, bytes);
     uint8_t* wqe = mlx5_detail::WqeAt(wq, slot);
     mlx5_detail::WriteData(wqe + sizeof(mlx5::WqeCtrlSeg), static_cast<uint32_t>(bytes), lkey, laddr);
     return mlx5_detail::WriteCtrl(wqe, slot, mlx5::kOpcodeSend, qpn, mlx5::kSendWqeDs, signal);
@@ -135,6 +145,10 @@ struct ProviderOps<ProviderType::MLX5> {
 
   MORI_HOST_DEVICE_INLINE static void Recv(WorkQueueHandle& wq, uintptr_t laddr, uint32_t lkey, size_t bytes) {
     uint32_t slot = wq.rqPostIdx;
+    uint32_t completed = core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::Device>(&wq.rqDoneIdx);
+    MORI_DEVICE_ASSERT(slot - completed < wq.rqWqeNum,
+                       "qp %u: the receive queue is full (%u posted, %u completed); poll receive completions first",
+                       wq.qpn, slot, completed);
     uint8_t* wqe = static_cast<uint8_t*>(wq.rqAddr) + (slot & (wq.rqWqeNum - 1)) * mlx5::kReceiveWqeBytes;
     mlx5_detail::WriteData(wqe, static_cast<uint32_t>(bytes), lkey, laddr);
     wq.rqPostIdx = slot + 1;
@@ -155,20 +169,18 @@ struct ProviderOps<ProviderType::MLX5> {
     core::MmioStore64(dbrAddr, dbrVal);
   }
 
-  // Reads the entry at *consIdx. The owner bit and opcode share the CQE's last 4-byte word with the WQE
-  // counter, so one aligned load sees them together.
-  MORI_HOST_DEVICE_INLINE static int PollCq(void* cqAddr, uint32_t cqeNum, uint32_t* consIdx, CqeInfo* info) {
+  // Looks at the entry at consIdx without consuming it. The owner bit and opcode share the CQE's last
+  // 4-byte word with the WQE counter, so one aligned load sees them together.
+  MORI_HOST_DEVICE_INLINE static int PeekCq(void* cqAddr, uint32_t cqeNum, uint32_t consIdx, CqeInfo* info) {
     using namespace mlx5;
-    uint32_t ci = *consIdx;
-    uint8_t* cqe = static_cast<uint8_t*>(cqAddr) + static_cast<uintptr_t>(ci & (cqeNum - 1)) * kCqeBytes;
+    uint8_t* cqe = static_cast<uint8_t*>(cqAddr) + static_cast<uintptr_t>(consIdx & (cqeNum - 1)) * kCqeBytes;
     // Acquire: the rest of the entry is read only after its owner bit says it is complete.
     uint32_t tail = core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(
         reinterpret_cast<const uint32_t*>(cqe + offsetof(Cqe64, wqeCounter)));
     uint8_t opOwn = static_cast<uint8_t>(tail >> 24);
     uint8_t opcode = opOwn >> 4;
-    uint8_t expectedOwner = (ci & cqeNum) ? 1 : 0;
+    uint8_t expectedOwner = (consIdx & cqeNum) ? 1 : 0;
     if (opcode == kCqeInvalid || (opOwn & kCqeOwnerMask) != expectedOwner) return kCqEmpty;
-    *consIdx = ci + 1;
     bool error = opcode == kCqeReqErr || opcode == kCqeRespErr;
     if (info != nullptr) {
       info->wqeCounter = core::BeToHost16(static_cast<uint16_t>(tail & 0xffffu));
@@ -178,6 +190,12 @@ struct ProviderOps<ProviderType::MLX5> {
     }
     if (error) return CqErrorCode(*reinterpret_cast<volatile uint8_t*>(cqe + offsetof(ErrCqe, syndrome)));
     return opcode;
+  }
+
+  MORI_HOST_DEVICE_INLINE static int PollCq(void* cqAddr, uint32_t cqeNum, uint32_t* consIdx, CqeInfo* info) {
+    int r = PeekCq(cqAddr, cqeNum, *consIdx, info);
+    if (r != kCqEmpty) *consIdx += 1;
+    return r;
   }
 
   MORI_HOST_DEVICE_INLINE static void UpdateCqDbrRecord(void* dbrRecAddr, uint32_t consIdx) {

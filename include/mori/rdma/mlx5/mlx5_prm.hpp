@@ -85,6 +85,9 @@ constexpr uint32_t kWriteWqeDs = (sizeof(WqeCtrlSeg) + sizeof(WqeRaddrSeg) + siz
 constexpr uint32_t kSendWqeDs = (sizeof(WqeCtrlSeg) + sizeof(WqeDataSeg)) / kSegmentBytes;                         // 2
 constexpr uint32_t kAtomicWqeDs =
     (sizeof(WqeCtrlSeg) + sizeof(WqeRaddrSeg) + sizeof(WqeAtomicSeg) + sizeof(WqeDataSeg)) / kSegmentBytes;  // 4
+// The largest message a WQE may describe (ConnectX NICs report max_msg_sz = 1 GiB).
+constexpr uint32_t kMaxMessageBytes = 1u << 30;
+
 // Inline bytes that fit in one basic block after ctrl, raddr and the inline header.
 constexpr uint32_t kMaxInlineInOneBlock =
     kSendWqeBasicBlock - sizeof(WqeCtrlSeg) - sizeof(WqeRaddrSeg) - sizeof(WqeInlineSeg);  // 28
