@@ -33,6 +33,11 @@ const std::vector<EnvParamInfo> kRegistry = {
      "else the emulated NIC"},
     {"MORI_RDMA_DEVICES", EnvType::String, "", "", "RDMA devices to use, comma separated (mlx5_0,mlx5_1); all when unset"},
     {"MORI_RDMA_GID_INDEX", EnvType::Int, "-1", "", "GID index for RoCE; -1 picks 3 on Ethernet ports, 0 on InfiniBand"},
+    {"MORI_SHMEM_HEAP_SIZE", EnvType::Size, "1g", "", "bytes of symmetric heap per PE (k, m, g suffixes); the same on every PE"},
+    {"MORI_SHMEM_TRANSPORT", EnvType::Choice, "auto", "auto|p2p|rdma|proxy",
+     "forces one SHMEM transport for every pair of PEs (auto: P2P on the same host, else RDMA)"},
+    {"MORI_SHMEM_QPS_PER_PE", EnvType::Int, "1", "", "RDMA queue pairs per peer PE (threads spread over them by warp)"},
+    {"MORI_SHMEM_QUEUE_DEPTH", EnvType::Int, "1024", "", "send-queue depth of each SHMEM RDMA queue pair (power of two)"},
     {"MORI_CUDA_IPC", EnvType::Choice, "auto", "auto|vmm|legacy",
      "how GPU memory is shared with same-host peers: auto (VMM file descriptors when the driver supports "
      "them, else legacy IPC handles), vmm, legacy"},

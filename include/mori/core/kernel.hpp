@@ -128,6 +128,14 @@ MORI_DEVICE_INLINE unsigned GlobalThreadIdx() { return FlatBlockIdx() * FlatBloc
 MORI_DEVICE_INLINE unsigned GlobalThreadCount() { return FlatGridDim() * FlatBlockDim(); }
 MORI_DEVICE_INLINE unsigned LaneId() { return FlatThreadIdx() % MORI_WARP_SIZE; }
 MORI_DEVICE_INLINE unsigned WarpId() { return FlatThreadIdx() / MORI_WARP_SIZE; }
+// Joins the threads of this warp (a no-op where a warp is one thread).
+MORI_DEVICE_INLINE void WarpSync() {
+#if MORI_BACKEND_CUDA
+  __syncwarp();
+#elif MORI_BACKEND_HIP
+  __builtin_amdgcn_wave_barrier();
+#endif
+}
 
 // Launches `kernel` (a MORI_GLOBAL function) on `stream`. Arguments are copied into the launch as
 // <<<>>> copies them, so pointers and POD handles are what a kernel should take.

@@ -1,0 +1,423 @@
+// The SHMEM device API: puts, gets, put-with-signal, waits, atomics, quiet, fence and barrier, callable from
+// CUDA/HIP kernels and (HOST backend) from host threads. Destinations on the remote side are symmetric
+// addresses (from ShmemMalloc); OpenSHMEM 1.5 semantics on every transport. Thread functions are called by
+// one thread; Warp functions by every lane of a warp with the same arguments; Block functions by every
+// thread of a block with the same arguments.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "mori/shmem/shmem_device_detail.hpp"
+
+#if MORI_DEVICE_API_AVAILABLE
+
+namespace mori::shmem {
+namespace detail {
+
+// Set or add `value` at `offset` in pe's heap, ordered after this thread's earlier puts to pe.
+MORI_DEVICE_INLINE void SignalAt(const ShmemDeviceState& s, int pe, uint64_t offset, uint64_t value, SignalOp op) {
+  if (AtomicsViaNic(s, pe)) {
+    if (op == SignalOp::Set) {
+      RdmaPut(s, "signal", pe, offset, &value, sizeof(value), false);
+    } else {
+      NicAtomic64(s, pe, offset, rdma::AtomicOp::FetchAdd, value, 0, false);
+    }
+    return;
+  }
+  uint64_t* sig = PeerAddress<uint64_t>(s, pe, offset);
+  if (op == SignalOp::Set) {
+    core::AtomicStore<MemoryOrder::Release, Scope::System>(sig, value);
+  } else {
+    core::AtomicFetchAdd<MemoryOrder::Release, Scope::System>(sig, value);
+  }
+}
+
+template <Group G>
+MORI_DEVICE_INLINE void PutNbi(const char* op, void* dest, const void* source, size_t bytes, int pe, bool wait) {
+  const ShmemDeviceState& s = Checked(op);
+  CheckPe(s, op, pe);
+  uint64_t offset = HeapOffset(s, op, pe, dest, bytes);
+  if (bytes == 0) return;
+  switch (TransportOf(s, pe)) {
+    case TransportType::Self:
+    case TransportType::P2P:
+      GroupCopy<G>(PeerAddress<uint8_t>(s, pe, offset), source, bytes);
+      break;
+    case TransportType::RDMA:
+      GroupSync<G>();  // the whole group's source data is written before the NIC is told to read it
+      if (GroupRank<G>() == 0) {
+        uint32_t slot = RdmaPut(s, op, pe, offset, source, bytes, wait);
+        if (wait) WaitSlot(s, QueueFor(s, pe), pe, slot);
+      }
+      GroupSync<G>();
+      break;
+    default:
+      ProxyUnavailable(s, op, pe);
+  }
+}
+
+template <Group G>
+MORI_DEVICE_INLINE void GetImpl(const char* op, void* dest, const void* source, size_t bytes, int pe, bool wait) {
+  const ShmemDeviceState& s = Checked(op);
+  CheckPe(s, op, pe);
+  uint64_t offset = HeapOffset(s, op, pe, source, bytes);
+  if (bytes == 0) return;
+  switch (TransportOf(s, pe)) {
+    case TransportType::Self:
+    case TransportType::P2P:
+      GroupCopy<G>(dest, PeerAddress<uint8_t>(s, pe, offset), bytes);
+      GroupSync<G>();
+      break;
+    case TransportType::RDMA:
+      GroupSync<G>();
+      if (GroupRank<G>() == 0) {
+        uint32_t slot = RdmaGet(s, op, pe, dest, offset, bytes, wait);
+        if (wait) WaitSlot(s, QueueFor(s, pe), pe, slot);
+      }
+      GroupSync<G>();
+      break;
+    default:
+      ProxyUnavailable(s, op, pe);
+  }
+}
+
+template <Group G>
+MORI_DEVICE_INLINE void PutSignalNbi(const char* op, void* dest, const void* source, size_t bytes, uint64_t* sigAddr,
+                                     uint64_t sigVal, SignalOp sigOp, int pe) {
+  const ShmemDeviceState& s = Checked(op);
+  CheckPe(s, op, pe);
+  uint64_t offset = HeapOffset(s, op, pe, dest, bytes);
+  uint64_t sigOffset = HeapOffset(s, op, pe, sigAddr, sizeof(uint64_t));
+  switch (TransportOf(s, pe)) {
+    case TransportType::Self:
+    case TransportType::P2P:
+      GroupCopy<G>(PeerAddress<uint8_t>(s, pe, offset), source, bytes);
+      SystemFence();  // every thread's part of the data is visible before the signal can be
+      GroupSync<G>();
+      if (GroupRank<G>() == 0) SignalAt(s, pe, sigOffset, sigVal, sigOp);
+      GroupSync<G>();
+      break;
+    case TransportType::RDMA:
+      GroupSync<G>();
+      if (GroupRank<G>() == 0) {
+        // Same QP for data and signal: RC executes them in order, so the signal cannot pass the data.
+        if (bytes > 0) RdmaPut(s, op, pe, offset, source, bytes, false);
+        SignalAt(s, pe, sigOffset, sigVal, sigOp);
+      }
+      GroupSync<G>();
+      break;
+    default:
+      ProxyUnavailable(s, op, pe);
+  }
+}
+
+template <typename T>
+MORI_DEVICE_INLINE void CheckAtomicTarget(const ShmemDeviceState& s, const char* op, int pe, const T* dest) {
+  MORI_DEVICE_ASSERT(reinterpret_cast<uintptr_t>(dest) % sizeof(T) == 0,
+                     "mori shmem: %s on PE %d (target pe %d): %p is not aligned to %u bytes", op, s.rank, pe,
+                     static_cast<const void*>(dest), static_cast<unsigned>(sizeof(T)));
+}
+
+// One atomic: `local` runs on the mapped address when the PE is reached by loads and stores, `update`
+// (old -> new, false: leave it) through the NIC otherwise. 8-byte fetch-add and compare-swap use the NIC's
+// own operations.
+template <typename T, typename Local, typename Update>
+MORI_DEVICE_INLINE T AtomicOpImpl(const char* op, T* dest, int pe, Local local, Update update) {
+  static_assert(kAtomicType<T>, "SHMEM atomics take int32_t, uint32_t, int64_t or uint64_t");
+  const ShmemDeviceState& s = Checked(op);
+  CheckPe(s, op, pe);
+  uint64_t offset = HeapOffset(s, op, pe, dest, sizeof(T));
+  CheckAtomicTarget(s, op, pe, dest);
+  if (TransportOf(s, pe) == TransportType::Proxy) {
+    ProxyUnavailable(s, op, pe);
+    return T{};
+  }
+  if (!AtomicsViaNic(s, pe)) return local(PeerAddress<T>(s, pe, offset));
+  return NicReadModifyWrite<T>(s, pe, offset, update);
+}
+
+}  // namespace detail
+
+// ---- put ----
+
+#define MORI_SHMEM_PUT_FAMILY(Scope, G)                                                                          \
+  MORI_DEVICE_INLINE void ShmemPutMemNbi##Scope(void* dest, const void* source, size_t bytes, int pe) {          \
+    detail::PutNbi<detail::Group::G>("ShmemPutMemNbi" #Scope, dest, source, bytes, pe, false);                   \
+  }                                                                                                              \
+  MORI_DEVICE_INLINE void ShmemPutMem##Scope(void* dest, const void* source, size_t bytes, int pe) {             \
+    detail::PutNbi<detail::Group::G>("ShmemPutMem" #Scope, dest, source, bytes, pe, true);                       \
+  }                                                                                                              \
+  template <typename T>                                                                                          \
+  MORI_DEVICE_INLINE void ShmemPutTypeNbi##Scope(T* dest, const T* source, size_t nelems, int pe) {              \
+    detail::PutNbi<detail::Group::G>("ShmemPutTypeNbi" #Scope, dest, source, nelems * sizeof(T), pe, false);     \
+  }                                                                                                              \
+  template <typename T>                                                                                          \
+  MORI_DEVICE_INLINE void ShmemPutType##Scope(T* dest, const T* source, size_t nelems, int pe) {                 \
+    detail::PutNbi<detail::Group::G>("ShmemPutType" #Scope, dest, source, nelems * sizeof(T), pe, true);         \
+  }                                                                                                              \
+  MORI_DEVICE_INLINE void ShmemGetMemNbi##Scope(void* dest, const void* source, size_t bytes, int pe) {          \
+    detail::GetImpl<detail::Group::G>("ShmemGetMemNbi" #Scope, dest, source, bytes, pe, false);                  \
+  }                                                                                                              \
+  MORI_DEVICE_INLINE void ShmemGetMem##Scope(void* dest, const void* source, size_t bytes, int pe) {             \
+    detail::GetImpl<detail::Group::G>("ShmemGetMem" #Scope, dest, source, bytes, pe, true);                      \
+  }                                                                                                              \
+  MORI_DEVICE_INLINE void ShmemPutMemNbiSignal##Scope(void* dest, const void* source, size_t bytes,              \
+                                                      uint64_t* sigAddr, uint64_t sigVal, SignalOp op, int pe) { \
+    detail::PutSignalNbi<detail::Group::G>("ShmemPutMemNbiSignal" #Scope, dest, source, bytes, sigAddr, sigVal,  \
+                                           op, pe);                                                              \
+  }
+
+MORI_SHMEM_PUT_FAMILY(Thread, Thread)
+MORI_SHMEM_PUT_FAMILY(Warp, Warp)
+MORI_SHMEM_PUT_FAMILY(Block, Block)
+#undef MORI_SHMEM_PUT_FAMILY
+
+// ---- single values ----
+
+// The `p` of OpenSHMEM: stores `value` at dest on pe (complete at quiet).
+template <typename T>
+MORI_DEVICE_INLINE void ShmemPutTypeImmNbiThread(T* dest, T value, int pe) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 16, "single-value put takes a small plain value");
+  const char* op = "ShmemPutTypeImmNbiThread";
+  const ShmemDeviceState& s = detail::Checked(op);
+  detail::CheckPe(s, op, pe);
+  uint64_t offset = detail::HeapOffset(s, op, pe, dest, sizeof(T));
+  switch (detail::TransportOf(s, pe)) {
+    case TransportType::Self:
+    case TransportType::P2P:
+      *reinterpret_cast<volatile T*>(detail::PeerAddress<T>(s, pe, offset)) = value;
+      break;
+    case TransportType::RDMA:
+      detail::RdmaPut(s, op, pe, offset, &value, sizeof(T), false);  // inline: the value travels in the WQE
+      break;
+    default:
+      detail::ProxyUnavailable(s, op, pe);
+  }
+}
+
+// The `g` of OpenSHMEM: the value at source on pe.
+template <typename T>
+MORI_DEVICE_INLINE T ShmemGetTypeImmThread(const T* source, int pe) {
+  static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "single-value get takes a value of up to 8 bytes");
+  const char* op = "ShmemGetTypeImmThread";
+  const ShmemDeviceState& s = detail::Checked(op);
+  detail::CheckPe(s, op, pe);
+  uint64_t offset = detail::HeapOffset(s, op, pe, source, sizeof(T));
+  T out{};
+  switch (detail::TransportOf(s, pe)) {
+    case TransportType::Self:
+    case TransportType::P2P:
+      out = *reinterpret_cast<const volatile T*>(detail::PeerAddress<T>(s, pe, offset));
+      break;
+    case TransportType::RDMA: {
+      uint64_t word = detail::NicReadSmall(s, pe, offset, sizeof(T));
+      memcpy(&out, &word, sizeof(T));
+      break;
+    }
+    default:
+      detail::ProxyUnavailable(s, op, pe);
+  }
+  return out;
+}
+
+// ---- signals and waits ----
+
+MORI_DEVICE_INLINE void ShmemSignalOpThread(uint64_t* sigAddr, uint64_t val, SignalOp op, int pe) {
+  const char* name = "ShmemSignalOpThread";
+  const ShmemDeviceState& s = detail::Checked(name);
+  detail::CheckPe(s, name, pe);
+  uint64_t offset = detail::HeapOffset(s, name, pe, sigAddr, sizeof(uint64_t));
+  if (detail::TransportOf(s, pe) == TransportType::Proxy) return detail::ProxyUnavailable(s, name, pe);
+  detail::SignalAt(s, pe, offset, val, op);
+}
+
+// Waits until `*ivar cmp val` holds for a local variable that peers update; returns the value that satisfied
+// it. Traps after MORI_TIMEOUT_S.
+template <typename T>
+MORI_DEVICE_INLINE T ShmemWaitUntil(T* ivar, CmpOp cmp, T val) {
+  static_assert(std::is_integral_v<T> && (sizeof(T) == 4 || sizeof(T) == 8), "wait takes a 4- or 8-byte integer");
+  const ShmemDeviceState& s = detail::Checked("ShmemWaitUntil");
+  core::SpinDeadline deadline(s.timeoutNs);
+  for (;;) {
+    T seen = core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(ivar);
+    if (detail::Compare(seen, cmp, val)) return seen;
+    MORI_DEVICE_ASSERT(!deadline.Expired(),
+                       "mori shmem: PE %d waited %llu ns at %p for (value cmp#%u %lld); last seen %lld: did the PE "
+                       "that should update it die or never send?",
+                       s.rank, static_cast<unsigned long long>(s.timeoutNs), static_cast<void*>(ivar),
+                       static_cast<unsigned>(cmp), static_cast<long long>(val), static_cast<long long>(seen));
+    core::SpinPause();
+  }
+}
+
+MORI_DEVICE_INLINE uint64_t ShmemSignalWaitUntil(uint64_t* sigAddr, CmpOp cmp, uint64_t val) {
+  return ShmemWaitUntil<uint64_t>(sigAddr, cmp, val);
+}
+
+// ---- atomics (T: int32_t, uint32_t, int64_t, uint64_t) ----
+
+template <typename T>
+MORI_DEVICE_INLINE T ShmemAtomicTypeFetchAddThread(T* dest, T value, int pe) {
+  const ShmemDeviceState& s = detail::State();
+  if constexpr (sizeof(T) == 8) {
+    if (s.magic == kShmemStateMagic && pe >= 0 && pe < s.nPes && detail::AtomicsViaNic(s, pe) &&
+        detail::TransportOf(s, pe) != TransportType::Proxy) {
+      uint64_t offset = detail::HeapOffset(s, "ShmemAtomicTypeFetchAddThread", pe, dest, sizeof(T));
+      detail::CheckAtomicTarget(s, "ShmemAtomicTypeFetchAddThread", pe, dest);
+      return static_cast<T>(detail::NicAtomic64(s, pe, offset, rdma::AtomicOp::FetchAdd, static_cast<uint64_t>(value),
+                                                0, true));
+    }
+  }
+  return detail::AtomicOpImpl(
+      "ShmemAtomicTypeFetchAddThread", dest, pe,
+      [&](T* p) { return core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::System>(p, value); },
+      [&](T old, T* next) {
+        *next = static_cast<T>(old + value);
+        return true;
+      });
+}
+
+// Adds without returning the old value; over the NIC (8 bytes) it completes at quiet.
+template <typename T>
+MORI_DEVICE_INLINE void ShmemAtomicTypeAddThread(T* dest, T value, int pe) {
+  const ShmemDeviceState& s = detail::State();
+  if constexpr (sizeof(T) == 8) {
+    if (s.magic == kShmemStateMagic && pe >= 0 && pe < s.nPes && detail::AtomicsViaNic(s, pe) &&
+        detail::TransportOf(s, pe) != TransportType::Proxy) {
+      uint64_t offset = detail::HeapOffset(s, "ShmemAtomicTypeAddThread", pe, dest, sizeof(T));
+      detail::CheckAtomicTarget(s, "ShmemAtomicTypeAddThread", pe, dest);
+      detail::NicAtomic64(s, pe, offset, rdma::AtomicOp::FetchAdd, static_cast<uint64_t>(value), 0, false);
+      return;
+    }
+  }
+  ShmemAtomicTypeFetchAddThread<T>(dest, value, pe);
+}
+
+template <typename T>
+MORI_DEVICE_INLINE T ShmemAtomicTypeFetchIncThread(T* dest, int pe) {
+  return ShmemAtomicTypeFetchAddThread<T>(dest, T{1}, pe);
+}
+
+template <typename T>
+MORI_DEVICE_INLINE T ShmemAtomicTypeCompareSwapThread(T* dest, T cond, T value, int pe) {
+  const ShmemDeviceState& s = detail::State();
+  if constexpr (sizeof(T) == 8) {
+    if (s.magic == kShmemStateMagic && pe >= 0 && pe < s.nPes && detail::AtomicsViaNic(s, pe) &&
+        detail::TransportOf(s, pe) != TransportType::Proxy) {
+      uint64_t offset = detail::HeapOffset(s, "ShmemAtomicTypeCompareSwapThread", pe, dest, sizeof(T));
+      detail::CheckAtomicTarget(s, "ShmemAtomicTypeCompareSwapThread", pe, dest);
+      return static_cast<T>(detail::NicAtomic64(s, pe, offset, rdma::AtomicOp::CompareSwap,
+                                                static_cast<uint64_t>(value), static_cast<uint64_t>(cond), true));
+    }
+  }
+  return detail::AtomicOpImpl(
+      "ShmemAtomicTypeCompareSwapThread", dest, pe,
+      [&](T* p) { return core::AtomicCompareExchange<core::MemoryOrder::Relaxed, core::Scope::System>(p, cond, value); },
+      [&](T old, T* next) {
+        *next = value;
+        return old == cond;
+      });
+}
+
+template <typename T>
+MORI_DEVICE_INLINE T ShmemAtomicTypeSwapThread(T* dest, T value, int pe) {
+  return detail::AtomicOpImpl(
+      "ShmemAtomicTypeSwapThread", dest, pe,
+      [&](T* p) { return core::AtomicExchange<core::MemoryOrder::Relaxed, core::Scope::System>(p, value); },
+      [&](T, T* next) {
+        *next = value;
+        return true;
+      });
+}
+
+template <typename T>
+MORI_DEVICE_INLINE T ShmemAtomicTypeFetchThread(const T* source, int pe) {
+  return detail::AtomicOpImpl(
+      "ShmemAtomicTypeFetchThread", const_cast<T*>(source), pe,
+      [&](T* p) { return core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::System>(p); },
+      [&](T, T*) { return false; });
+}
+
+template <typename T>
+MORI_DEVICE_INLINE void ShmemAtomicTypeSetThread(T* dest, T value, int pe) {
+  detail::AtomicOpImpl(
+      "ShmemAtomicTypeSetThread", dest, pe,
+      [&](T* p) {
+        core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::System>(p, value);
+        return T{};
+      },
+      [&](T, T* next) {
+        *next = value;
+        return true;
+      });
+}
+
+// ---- ordering ----
+
+// Every put, get and atomic this thread issued before is complete: visible at its target (and gets landed).
+MORI_DEVICE_INLINE void ShmemQuietThread() {
+  const ShmemDeviceState& s = detail::Checked("ShmemQuietThread");
+  detail::SystemFence();
+  if (s.queues == nullptr) return;
+  for (int pe = 0; pe < s.nPes; ++pe) detail::QuietPe(s, pe);
+}
+
+MORI_DEVICE_INLINE void ShmemQuietThread(int pe) {
+  const ShmemDeviceState& s = detail::Checked("ShmemQuietThread(pe)");
+  detail::CheckPe(s, "ShmemQuietThread(pe)", pe);
+  detail::SystemFence();
+  detail::QuietPe(s, pe);
+}
+
+// Puts, signals and atomics to one PE issued before the fence arrive before those issued after it.
+MORI_DEVICE_INLINE void ShmemFenceThread() {
+  const ShmemDeviceState& s = detail::Checked("ShmemFenceThread");
+  detail::SystemFence();
+  // One QP per PE: RC keeps its operations in order. With several, a thread's operations may use another
+  // QP after a block-scope call, so the fence completes everything.
+  if (s.qpsPerPe > 1) ShmemQuietThread();
+}
+
+// ---- barrier ----
+
+// Completes this PE's operations, then waits until every PE has arrived. One thread per PE calls it.
+MORI_DEVICE_INLINE void ShmemBarrierAllThread() {
+  const ShmemDeviceState& s = detail::Checked("ShmemBarrierAllThread");
+  ShmemQuietThread();
+  uint64_t generation =
+      core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(s.barrierSeq, uint64_t{1}) + 1;
+  for (int pe = 0; pe < s.nPes; ++pe) {
+    if (detail::TransportOf(s, pe) == TransportType::Proxy) return detail::ProxyUnavailable(s, "barrier", pe);
+    detail::SignalAt(s, pe, kShmemBarrierCounterOffset, 1, SignalOp::Add);
+  }
+  auto* arrivals = reinterpret_cast<uint64_t*>(s.heapBase + kShmemBarrierCounterOffset);
+  uint64_t expected = generation * static_cast<uint64_t>(s.nPes);
+  core::SpinDeadline deadline(s.timeoutNs);
+  for (;;) {
+    uint64_t seen = core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(arrivals);
+    if (seen >= expected) break;
+    MORI_DEVICE_ASSERT(!deadline.Expired(),
+                       "mori shmem: PE %d waited %llu ns in device barrier #%llu: %llu of %d PEs arrived (some PE "
+                       "died or never called it)",
+                       s.rank, static_cast<unsigned long long>(s.timeoutNs),
+                       static_cast<unsigned long long>(generation),
+                       static_cast<unsigned long long>(seen - (generation - 1) * s.nPes), s.nPes);
+    core::SpinPause();
+  }
+  ShmemQuietThread();  // the arrival atomics sent through the NIC are complete too
+}
+
+// Every thread of the block calls it.
+MORI_DEVICE_INLINE void ShmemBarrierAllBlock() {
+  detail::SystemFence();
+  core::SyncThreads();
+  if (core::FlatThreadIdx() == 0) ShmemBarrierAllThread();
+  core::SyncThreads();
+}
+
+}  // namespace mori::shmem
+
+#endif  // MORI_DEVICE_API_AVAILABLE

@@ -1,0 +1,347 @@
+// The transports under the SHMEM device API: argument checks, cooperative copies for Self/P2P, and WQE
+// posting, completion waits and fetch slots for RDMA. Not part of the public contract; included by
+// shmem_device_api.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "mori/core/atomic.hpp"
+#include "mori/core/device_assert.hpp"
+#include "mori/core/kernel.hpp"
+#include "mori/rdma/device_primitives.hpp"
+#include "mori/shmem/shmem_state_access.hpp"
+
+#if MORI_DEVICE_API_AVAILABLE
+
+namespace mori::shmem::detail {
+
+using core::MemoryOrder;
+using core::Scope;
+constexpr rdma::ProviderType kProvider = rdma::ProviderType::MLX5;
+
+// A group of threads that performs one operation together: a thread, a warp, or a block.
+enum class Group { Thread, Warp, Block };
+
+template <Group G>
+MORI_DEVICE_INLINE unsigned GroupRank() {
+  if constexpr (G == Group::Thread) return 0;
+  if constexpr (G == Group::Warp) return core::LaneId();
+  return core::FlatThreadIdx();
+}
+
+template <Group G>
+MORI_DEVICE_INLINE unsigned GroupSize() {
+  if constexpr (G == Group::Thread) return 1;
+  if constexpr (G == Group::Warp) return MORI_WARP_SIZE;
+  return core::FlatBlockDim();
+}
+
+template <Group G>
+MORI_DEVICE_INLINE void GroupSync() {
+  if constexpr (G == Group::Warp) core::WarpSync();
+  if constexpr (G == Group::Block) core::SyncThreads();
+}
+
+MORI_DEVICE_INLINE const ShmemDeviceState& Checked(const char* op) {
+  const ShmemDeviceState& s = State();
+  MORI_DEVICE_ASSERT(s.magic == kShmemStateMagic, "mori shmem: %s called before ShmemInit() or after ShmemFinalize()",
+                     op);
+  return s;
+}
+
+MORI_DEVICE_INLINE void CheckPe(const ShmemDeviceState& s, const char* op, int pe) {
+  MORI_DEVICE_ASSERT(pe >= 0 && pe < s.nPes, "mori shmem: %s on PE %d: target pe %d is not in [0, %d)", op, s.rank,
+                     pe, s.nPes);
+}
+
+// Offset of [addr, addr + bytes) in the heap; traps, naming PE, peer and address, when it is not inside the
+// user part of the symmetric heap.
+MORI_DEVICE_INLINE uint64_t HeapOffset(const ShmemDeviceState& s, const char* op, int pe, const void* addr,
+                                       size_t bytes) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+  bool inside = a >= s.heapBase + kShmemHeapUserOffset && bytes <= s.heapBytes && a - s.heapBase <= s.heapBytes - bytes;
+  MORI_DEVICE_ASSERT(inside,
+                     "mori shmem: %s on PE %d (target pe %d): %p + %llu bytes is not inside the symmetric heap "
+                     "[%p, %p)",
+                     op, s.rank, pe, addr, static_cast<unsigned long long>(bytes),
+                     reinterpret_cast<void*>(s.heapBase + kShmemHeapUserOffset),
+                     reinterpret_cast<void*>(s.heapBase + s.heapBytes));
+  return a - s.heapBase;
+}
+
+MORI_DEVICE_INLINE TransportType TransportOf(const ShmemDeviceState& s, int pe) {
+  return static_cast<TransportType>(s.transports[pe]);
+}
+
+MORI_DEVICE_INLINE void ProxyUnavailable(const ShmemDeviceState& s, const char* op, int pe) {
+  MORI_DEVICE_ASSERT(false, "mori shmem: %s on PE %d: pe %d is reached through the Proxy transport, which this "
+                     "build does not provide", op, s.rank, pe);
+}
+
+// ---- Self / P2P: the group copies with its own loads and stores ----
+
+#if MORI_GPU_COMPILER
+using Vec16 = uint4;
+#else
+struct alignas(16) Vec16 {
+  uint64_t lo, hi;
+};
+#endif
+
+template <Group G>
+MORI_DEVICE_INLINE void GroupCopy(void* dst, const void* src, size_t bytes) {
+  const unsigned r = GroupRank<G>();
+  const unsigned n = GroupSize<G>();
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* sp = static_cast<const uint8_t*>(src);
+  size_t head = 0;
+  if (((reinterpret_cast<uintptr_t>(d) ^ reinterpret_cast<uintptr_t>(sp)) & 15) == 0) {
+    // Same alignment: bytes up to a 16-byte boundary, then 16-byte vectors, then the tail.
+    head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;
+    if (head > bytes) head = bytes;
+    for (size_t i = r; i < head; i += n) d[i] = sp[i];
+    size_t vecs = (bytes - head) / 16;
+    auto* dv = reinterpret_cast<Vec16*>(d + head);
+    const auto* sv = reinterpret_cast<const Vec16*>(sp + head);
+    for (size_t i = r; i < vecs; i += n) dv[i] = sv[i];
+    head += vecs * 16;
+  }
+  for (size_t i = head + r; i < bytes; i += n) d[i] = sp[i];
+}
+
+// Stores of this thread become visible to every observer (the peer's GPU, its host, a NIC) before anything
+// it does next.
+MORI_DEVICE_INLINE void SystemFence() { core::AtomicFence<MemoryOrder::SeqCst, Scope::System>(); }
+
+template <typename T>
+MORI_DEVICE_INLINE T* PeerAddress(const ShmemDeviceState& s, int pe, uint64_t offset) {
+  return reinterpret_cast<T*>(s.peerBases[pe] + offset);
+}
+
+// ---- RDMA ----
+
+// The QP this thread uses towards `pe`: fixed per warp, so a thread's operations to one PE stay in order.
+MORI_DEVICE_INLINE ShmemQueuePair& QueueFor(const ShmemDeviceState& s, int pe) {
+  uint32_t q = s.qpsPerPe > 1 ? (core::FlatBlockIdx() * core::FlatBlockDim() + core::FlatThreadIdx()) / MORI_WARP_SIZE %
+                                    s.qpsPerPe
+                              : 0;
+  return s.queues[static_cast<uint32_t>(pe) * s.qpsPerPe + q];
+}
+
+// lkey of a local buffer: the heap's, a registered region's, or none (~0u).
+MORI_DEVICE_INLINE uint32_t LocalKey(const ShmemDeviceState& s, const void* p, size_t bytes) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a >= s.heapBase && bytes <= s.heapBytes && a - s.heapBase <= s.heapBytes - bytes) return s.heapLkey;
+  for (uint32_t i = 0; i < kShmemMaxLocalRegions && s.localRegions[i].bytes != 0; ++i) {
+    const ShmemLocalRegion& r = s.localRegions[i];
+    if (a >= r.base && bytes <= r.bytes && a - r.base <= r.bytes - bytes) return r.lkey;
+  }
+  return ~0u;
+}
+
+MORI_DEVICE_INLINE void CheckCompletions(const ShmemDeviceState& s, ShmemQueuePair& qp, int pe) {
+  uint32_t errors = core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&qp.cq.errorCount);
+  uint32_t first = core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&qp.cq.firstError);
+  MORI_DEVICE_ASSERT(errors == 0,
+                     "mori shmem: PE %d: %u RDMA operation(s) to pe %d failed (qp %u, first: syndrome 0x%x at wqe "
+                     "%u); data at the target is not what was sent",
+                     s.rank, errors, pe, qp.wq.qpn, first >> 16, first & 0xffffu);
+}
+
+// Waits until the WQE in `slot` (posted signaled) has completed.
+MORI_DEVICE_INLINE void WaitSlot(const ShmemDeviceState& s, ShmemQueuePair& qp, int pe, uint32_t slot) {
+  core::SpinDeadline deadline(s.timeoutNs);
+  while (static_cast<int32_t>(core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&qp.wq.doneIdx) - (slot + 1)) <
+         0) {
+    rdma::RetireCompletions<kProvider>(qp.cq, qp.wq);
+    MORI_DEVICE_ASSERT(!deadline.Expired(),
+                       "mori shmem: PE %d waited %llu ns for an RDMA completion from pe %d (qp %u, slot %u, %u done): "
+                       "is pe %d alive?",
+                       s.rank, static_cast<unsigned long long>(s.timeoutNs), pe, qp.wq.qpn, slot,
+                       core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&qp.wq.doneIdx), pe);
+    core::SpinPause();
+  }
+  CheckCompletions(s, qp, pe);
+}
+
+// Completes every WQE posted to `qp` so far (nothing to do when none is outstanding).
+MORI_DEVICE_INLINE void QuietQueuePair(const ShmemDeviceState& s, ShmemQueuePair& qp, int pe) {
+  uint32_t posted = core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&qp.wq.postIdx);
+  if (posted != core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&qp.wq.doneIdx)) {
+    rdma::QuietQueue<kProvider>(qp.wq, qp.cq, s.timeoutNs);
+  }
+  CheckCompletions(s, qp, pe);
+}
+
+MORI_DEVICE_INLINE void QuietPe(const ShmemDeviceState& s, int pe) {
+  if (s.queues == nullptr) return;
+  for (uint32_t q = 0; q < s.qpsPerPe; ++q) {
+    ShmemQueuePair& qp = s.queues[static_cast<uint32_t>(pe) * s.qpsPerPe + q];
+    if (qp.wq.sqAddr != nullptr) QuietQueuePair(s, qp, pe);
+  }
+}
+
+// RDMA write of [src, src + bytes) to `offset` in pe's heap, split at the NIC's message limit. Sources the
+// NIC cannot read (not in the heap, not registered) go inline when they fit one WQE.
+MORI_DEVICE_INLINE uint32_t RdmaPut(const ShmemDeviceState& s, const char* op, int pe, uint64_t offset, const void* src,
+                                    size_t bytes, bool signal) {
+  ShmemQueuePair& qp = QueueFor(s, pe);
+  uintptr_t raddr = s.remoteBases[pe] + offset;
+  uint32_t lkey = LocalKey(s, src, bytes);
+  if (lkey == ~0u) {
+    MORI_DEVICE_ASSERT(bytes <= qp.wq.maxInlineData,
+                       "mori shmem: %s on PE %d (to pe %d): source %p (%llu bytes) is neither in the symmetric heap "
+                       "nor registered with ShmemBufferRegister, and too large to send inline (%u bytes)",
+                       op, s.rank, pe, src, static_cast<unsigned long long>(bytes), qp.wq.maxInlineData);
+    return rdma::PostWriteInlineOrdered<kProvider>(qp.wq, qp.cq, src, raddr, s.rkeys[pe], bytes, signal, s.timeoutNs);
+  }
+  uint32_t slot = 0;
+  uintptr_t laddr = reinterpret_cast<uintptr_t>(src);
+  do {
+    size_t chunk = bytes < rdma::mlx5::kMaxMessageBytes ? bytes : rdma::mlx5::kMaxMessageBytes;
+    bool last = chunk == bytes;
+    slot = rdma::PostWriteOrdered<kProvider>(qp.wq, qp.cq, laddr, lkey, raddr, s.rkeys[pe], chunk, signal && last,
+                                             s.timeoutNs);
+    laddr += chunk;
+    raddr += chunk;
+    bytes -= chunk;
+  } while (bytes > 0);
+  return slot;
+}
+
+// RDMA read of `bytes` from `offset` in pe's heap into local [dst, dst + bytes) (heap or registered).
+MORI_DEVICE_INLINE uint32_t RdmaGet(const ShmemDeviceState& s, const char* op, int pe, void* dst, uint64_t offset,
+                                    size_t bytes, bool signal) {
+  ShmemQueuePair& qp = QueueFor(s, pe);
+  uint32_t lkey = LocalKey(s, dst, bytes);
+  MORI_DEVICE_ASSERT(lkey != ~0u,
+                     "mori shmem: %s on PE %d (from pe %d): destination %p (%llu bytes) is neither in the symmetric "
+                     "heap nor registered with ShmemBufferRegister, so the NIC cannot write it",
+                     op, s.rank, pe, dst, static_cast<unsigned long long>(bytes));
+  uintptr_t raddr = s.remoteBases[pe] + offset;
+  uintptr_t laddr = reinterpret_cast<uintptr_t>(dst);
+  uint32_t slot = 0;
+  do {
+    size_t chunk = bytes < rdma::mlx5::kMaxMessageBytes ? bytes : rdma::mlx5::kMaxMessageBytes;
+    bool last = chunk == bytes;
+    slot = rdma::PostReadOrdered<kProvider>(qp.wq, qp.cq, laddr, lkey, raddr, s.rkeys[pe], chunk, signal && last,
+                                            s.timeoutNs);
+    laddr += chunk;
+    raddr += chunk;
+    bytes -= chunk;
+  } while (bytes > 0);
+  return slot;
+}
+
+// A slot of the local fetch area, owned by one thread between Acquire and Release: tickets are dealt in
+// order and a slot serves its next ticket only after the previous holder released it, so a result is never
+// overwritten before it was read.
+struct FetchSlot {
+  uint32_t ticket;
+  uint64_t* word;
+};
+
+MORI_DEVICE_INLINE FetchSlot AcquireFetchSlot(const ShmemDeviceState& s) {
+  uint32_t ticket = core::AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(s.fetchTicket, 1u);
+  uint32_t idx = ticket % kShmemFetchSlots;
+  core::SpinDeadline deadline(s.timeoutNs);
+  while (core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&s.fetchTurn[idx]) != ticket / kShmemFetchSlots) {
+    MORI_DEVICE_ASSERT(!deadline.Expired(), "mori shmem: PE %d: fetch slot %u stayed busy for %llu ns", s.rank, idx,
+                       static_cast<unsigned long long>(s.timeoutNs));
+    core::SpinPause();
+  }
+  return FetchSlot{ticket, reinterpret_cast<uint64_t*>(s.heapBase + kShmemFetchSlotsOffset) + idx};
+}
+
+MORI_DEVICE_INLINE void ReleaseFetchSlot(const ShmemDeviceState& s, const FetchSlot& slot) {
+  core::AtomicStore<MemoryOrder::Release, Scope::Device>(&s.fetchTurn[slot.ticket % kShmemFetchSlots],
+                                                         slot.ticket / kShmemFetchSlots + 1);
+}
+
+// A 64-bit NIC atomic on `offset` in pe's heap. Fetching forms wait for the result; the others leave the old
+// value in the discard word and complete at quiet.
+MORI_DEVICE_INLINE uint64_t NicAtomic64(const ShmemDeviceState& s, int pe, uint64_t offset, rdma::AtomicOp op,
+                                        uint64_t swapOrAdd, uint64_t compare, bool fetch) {
+  ShmemQueuePair& qp = QueueFor(s, pe);
+  uintptr_t raddr = s.remoteBases[pe] + offset;
+  // PostAtomic takes (value, compare) for compare-swap and (addend, unused) for fetch-add.
+  if (!fetch) {
+    rdma::PostAtomicOrdered<kProvider, uint64_t>(qp.wq, qp.cq, s.heapBase + kShmemDiscardOffset, s.heapLkey, raddr,
+                                                 s.rkeys[pe], swapOrAdd, compare, op, false, s.timeoutNs);
+    return 0;
+  }
+  FetchSlot fs = AcquireFetchSlot(s);
+  uint32_t slot = rdma::PostAtomicOrdered<kProvider, uint64_t>(qp.wq, qp.cq, reinterpret_cast<uintptr_t>(fs.word),
+                                                               s.heapLkey, raddr, s.rkeys[pe], swapOrAdd, compare, op,
+                                                               true, s.timeoutNs);
+  WaitSlot(s, qp, pe, slot);
+  uint64_t old = core::AtomicLoad<MemoryOrder::Relaxed, Scope::System>(fs.word);
+  ReleaseFetchSlot(s, fs);
+  return old;
+}
+
+// Reads `bytes` (<= 8) at `offset` in pe's heap with one RDMA read into a fetch slot.
+MORI_DEVICE_INLINE uint64_t NicReadSmall(const ShmemDeviceState& s, int pe, uint64_t offset, size_t bytes) {
+  ShmemQueuePair& qp = QueueFor(s, pe);
+  FetchSlot fs = AcquireFetchSlot(s);
+  uint32_t slot = rdma::PostReadOrdered<kProvider>(qp.wq, qp.cq, reinterpret_cast<uintptr_t>(fs.word), s.heapLkey,
+                                                   s.remoteBases[pe] + offset, s.rkeys[pe], bytes, true, s.timeoutNs);
+  WaitSlot(s, qp, pe, slot);
+  uint64_t v = core::AtomicLoad<MemoryOrder::Relaxed, Scope::System>(fs.word);
+  ReleaseFetchSlot(s, fs);
+  return v;
+}
+
+// A read-modify-write of a 4- or 8-byte value through the NIC. 8-byte fetch-add and compare-swap are native;
+// everything else is a compare-swap loop on the aligned 8-byte word that holds the value. `update` maps the
+// old value to the new one and says whether to write at all.
+template <typename T, typename Update>
+MORI_DEVICE_INLINE T NicReadModifyWrite(const ShmemDeviceState& s, int pe, uint64_t offset, Update update) {
+  uint64_t wordOffset = offset & ~uint64_t(7);
+  unsigned shift = static_cast<unsigned>(offset - wordOffset) * 8;  // little-endian: the value's bit position
+  uint64_t mask = sizeof(T) == 8 ? ~0ull : ((1ull << (8 * sizeof(T))) - 1) << shift;
+  uint64_t word = NicAtomic64(s, pe, wordOffset, rdma::AtomicOp::FetchAdd, 0, 0, true);
+  core::SpinDeadline deadline(s.timeoutNs);
+  for (;;) {
+    T old = static_cast<T>((word & mask) >> shift);
+    T next = old;
+    if (!update(old, &next)) return old;
+    uint64_t desired = (word & ~mask) | ((static_cast<uint64_t>(next) << shift) & mask);
+    uint64_t seen = NicAtomic64(s, pe, wordOffset, rdma::AtomicOp::CompareSwap, desired, word, true);
+    if (seen == word) return old;
+    word = seen;
+    MORI_DEVICE_ASSERT(!deadline.Expired(), "mori shmem: PE %d: atomic on pe %d at offset %llu kept losing for %llu ns",
+                       s.rank, pe, static_cast<unsigned long long>(offset),
+                       static_cast<unsigned long long>(s.timeoutNs));
+  }
+}
+
+// Whether atomics and signals to `pe` go through the NIC (RDMA peers, and everyone once any PE is reached
+// over RDMA: NIC atomics are atomic only with respect to other NIC atomics).
+MORI_DEVICE_INLINE bool AtomicsViaNic(const ShmemDeviceState& s, int pe) {
+  return s.nicAtomics != 0 || TransportOf(s, pe) == TransportType::RDMA;
+}
+
+template <typename T>
+MORI_DEVICE_INLINE bool Compare(T a, CmpOp cmp, T b) {
+  switch (cmp) {
+    case CmpOp::EQ: return a == b;
+    case CmpOp::NE: return a != b;
+    case CmpOp::GT: return a > b;
+    case CmpOp::GE: return a >= b;
+    case CmpOp::LT: return a < b;
+    case CmpOp::LE: return a <= b;
+  }
+  return false;
+}
+
+template <typename T>
+inline constexpr bool kAtomicType =
+    std::is_same_v<T, int32_t> || std::is_same_v<T, uint32_t> || std::is_same_v<T, int64_t> ||
+    std::is_same_v<T, uint64_t> || std::is_same_v<T, long long> || std::is_same_v<T, unsigned long long>;
+
+}  // namespace mori::shmem::detail
+
+#endif  // MORI_DEVICE_API_AVAILABLE

@@ -1,0 +1,64 @@
+// The state a kernel needs to reach every PE, built by ShmemInit and uploaded to each translation unit that
+// includes the device API (shmem_state_access.hpp). Plain data; includes nothing host-only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "mori/rdma/queue_handles.hpp"
+
+namespace mori::shmem {
+
+constexpr uint32_t kShmemStateMagic = 0x53484d31;  // "SHM1": set while the runtime is initialised
+
+// One QP to a peer with its CQ, in memory every posting thread reaches.
+struct ShmemQueuePair {
+  rdma::WorkQueueHandle wq;
+  rdma::CompletionQueueHandle cq;
+};
+
+// A local buffer registered with the NIC outside the heap (ShmemBufferRegister): puts may read from it and
+// gets may land in it over RDMA.
+struct ShmemLocalRegion {
+  uintptr_t base;
+  uint64_t bytes;
+  uint32_t lkey;
+  uint32_t reserved;
+};
+
+// The runtime's own words at the start of every PE's heap (same offsets everywhere); user allocations start
+// at kShmemHeapUserOffset.
+constexpr uint64_t kShmemBarrierCounterOffset = 0;  // uint64: barrier arrivals at this PE
+constexpr uint64_t kShmemDiscardOffset = 64;        // uint64: where non-fetching NIC atomics put the old value
+constexpr uint64_t kShmemFetchSlotsOffset = 128;    // uint64[kShmemFetchSlots]: results of fetching NIC ops
+constexpr uint32_t kShmemFetchSlots = 1024;
+constexpr uint64_t kShmemHeapUserOffset = 16384;
+static_assert(kShmemFetchSlotsOffset + kShmemFetchSlots * 8 <= kShmemHeapUserOffset, "internal heap area overlaps");
+
+constexpr uint32_t kShmemMaxLocalRegions = 32;
+
+struct ShmemDeviceState {
+  uint32_t magic;
+  int32_t rank;
+  int32_t nPes;
+  uint32_t qpsPerPe;
+  uintptr_t heapBase;      // this PE's heap
+  uint64_t heapBytes;      // the same on every PE
+  uint64_t timeoutNs;      // MORI_TIMEOUT_S: every device-side wait is bounded by it
+  uint32_t heapLkey;
+  uint32_t nicAtomics;     // 1: every atomic and signal goes through the NIC (some PE is reached over RDMA)
+  uint32_t reserved[2];
+  const uint8_t* transports;     // [nPes] TransportType
+  const uintptr_t* peerBases;    // [nPes] the PE's heap mapped here (Self, P2P); 0 otherwise
+  const uintptr_t* remoteBases;  // [nPes] the PE's heap address in its own process (the RDMA target address)
+  const uint32_t* rkeys;         // [nPes]
+  ShmemQueuePair* queues;        // [nPes * qpsPerPe] QPs to each RDMA-reached PE (to itself: loopback)
+  uint32_t* fetchTicket;         // next fetch slot ticket
+  uint32_t* fetchTurn;           // [kShmemFetchSlots] the ticket lap that owns each slot now
+  uint64_t* barrierSeq;          // device barriers entered by this PE
+  const ShmemLocalRegion* localRegions;  // [kShmemMaxLocalRegions], the used ones first (bytes 0 ends them)
+};
+static_assert(std::is_trivially_copyable_v<ShmemDeviceState>, "ShmemDeviceState is copied as bytes");
+
+}  // namespace mori::shmem

@@ -1,0 +1,424 @@
+#include "runtime.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "mori/core/device.hpp"
+#include "mori/core/env.hpp"
+#include "mori/core/errors.hpp"
+#include "mori/core/gpu.hpp"
+#include "mori/core/logging.hpp"
+#include "mori/shmem/shmem_api.hpp"
+
+namespace mori::shmem {
+
+using core::ErrorCode;
+
+namespace {
+
+// What every PE tells the others at init.
+struct PeInfo {
+  uint64_t heapBytes;
+  uint64_t heapBase;
+  int32_t device;
+  int32_t transportChoice;  // index into kTransportChoices
+  uint32_t qpsPerPe;
+  uint32_t reserved;
+};
+
+const char* const kTransportChoices[] = {"auto", "p2p", "rdma", "proxy"};
+
+int TransportChoiceIndex(const std::string& choice) {
+  for (int i = 0; i < 4; ++i) {
+    if (choice == kTransportChoices[i]) return i;
+  }
+  return 0;
+}
+
+// Where the device-visible control words live: one allocation, carved.
+struct ControlLayout {
+  size_t transports, peerBases, remoteBases, rkeys, queues, fetchTicket, fetchTurn, barrierSeq, localRegions, total;
+};
+
+ControlLayout LayOutControl(int nPes, uint32_t qps) {
+  auto n = static_cast<size_t>(nPes);
+  ControlLayout l{};
+  size_t at = 0;
+  auto take = [&at](size_t bytes) {
+    size_t here = (at + 63) / 64 * 64;
+    at = here + bytes;
+    return here;
+  };
+  l.transports = take(n);
+  l.peerBases = take(n * sizeof(uintptr_t));
+  l.remoteBases = take(n * sizeof(uintptr_t));
+  l.rkeys = take(n * sizeof(uint32_t));
+  l.queues = take(n * qps * sizeof(ShmemQueuePair));
+  l.fetchTicket = take(sizeof(uint32_t));
+  l.fetchTurn = take(kShmemFetchSlots * sizeof(uint32_t));
+  l.barrierSeq = take(sizeof(uint64_t));
+  l.localRegions = take(kShmemMaxLocalRegions * sizeof(ShmemLocalRegion));
+  l.total = (at + 4095) / 4096 * 4096;
+  return l;
+}
+
+}  // namespace
+
+Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
+    : bootstrap_(std::move(bootstrap)), allocator_(kShmemHeapUserOffset, kShmemHeapUserOffset + 1) {
+  rank_ = bootstrap_->GetRank();
+  nPes_ = bootstrap_->GetNranks();
+  topology_ = core::DiscoverHostTopology(*bootstrap_);
+
+  int gpus = 0;
+  MORI_CHECK_GPU(core::GpuGetDeviceCount(&gpus));
+  MORI_CHECK(gpus > 0, ErrorCode::NotSupported, "PE %d: no GPU visible", rank_);
+  if (gpus > 1) MORI_CHECK_GPU(core::GpuSetDevice(topology_.localRank % gpus));
+  int device = 0;
+  MORI_CHECK_GPU(core::GpuGetDevice(&device));
+
+  heapBytes_ = core::EnvGetSize("MORI_SHMEM_HEAP_SIZE");
+  MORI_CHECK(heapBytes_ >= 2 * kShmemHeapUserOffset, ErrorCode::InvalidUsage,
+             "MORI_SHMEM_HEAP_SIZE=%zu is too small (at least %llu bytes)", heapBytes_,
+             static_cast<unsigned long long>(2 * kShmemHeapUserOffset));
+  int64_t qps = core::EnvGetInt("MORI_SHMEM_QPS_PER_PE");
+  MORI_CHECK(qps >= 1 && qps <= 64, ErrorCode::InvalidUsage, "MORI_SHMEM_QPS_PER_PE=%lld is not in [1, 64]",
+             static_cast<long long>(qps));
+  qpsPerPe_ = static_cast<uint32_t>(qps);
+
+  heap_ = core::GpuBuffer(heapBytes_, core::MemoryType::Device);
+  MORI_CHECK_GPU(core::GpuMemset(heap_.Data(), 0, kShmemHeapUserOffset));
+  MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+
+  PeInfo mine{heapBytes_, reinterpret_cast<uintptr_t>(heap_.Data()), device,
+              TransportChoiceIndex(core::EnvGetChoice("MORI_SHMEM_TRANSPORT")), qpsPerPe_, 0};
+  auto all = bootstrap_->AllGatherValue(mine);
+  for (int pe = 0; pe < nPes_; ++pe) {
+    const PeInfo& p = all[static_cast<size_t>(pe)];
+    MORI_CHECK(p.heapBytes == mine.heapBytes, ErrorCode::InvalidUsage,
+               "the symmetric heap must be the same size on every PE: PE %d has MORI_SHMEM_HEAP_SIZE=%llu, PE %d "
+               "has %llu",
+               pe, static_cast<unsigned long long>(p.heapBytes), rank_,
+               static_cast<unsigned long long>(mine.heapBytes));
+    MORI_CHECK(p.transportChoice == mine.transportChoice, ErrorCode::InvalidUsage,
+               "MORI_SHMEM_TRANSPORT differs between PEs: PE %d has %s, PE %d has %s", pe,
+               kTransportChoices[p.transportChoice], rank_, kTransportChoices[mine.transportChoice]);
+    MORI_CHECK(p.qpsPerPe == mine.qpsPerPe, ErrorCode::InvalidUsage,
+               "MORI_SHMEM_QPS_PER_PE differs between PEs: PE %d has %u, PE %d has %u", pe, p.qpsPerPe, rank_,
+               mine.qpsPerPe);
+  }
+  std::vector<int> devices;
+  for (const auto& p : all) devices.push_back(p.device);
+
+  allocator_ = SymmetricAllocator(kShmemHeapUserOffset, heapBytes_);
+  const std::string forced = kTransportChoices[mine.transportChoice];
+  MORI_CHECK(forced != "proxy", ErrorCode::NotSupported,
+             "MORI_SHMEM_TRANSPORT=proxy: the Proxy transport is not available in this build of mori yet");
+
+  // Per-peer transport: the same rule on every PE, so the matrix is symmetric.
+  transports_.assign(static_cast<size_t>(nPes_), TransportType::RDMA);
+  for (int pe = 0; pe < nPes_; ++pe) {
+    auto& t = transports_[static_cast<size_t>(pe)];
+    if (pe == rank_) {
+      t = TransportType::Self;
+      continue;
+    }
+    bool mappable = topology_.SameHost(pe);
+#if MORI_BACKEND_GPU
+    if (mappable && devices[static_cast<size_t>(pe)] != device) {
+      int can = 0;
+      MORI_CHECK_GPU(core::GpuDeviceCanAccessPeer(&can, device, devices[static_cast<size_t>(pe)]));
+      mappable = can != 0;
+    }
+#endif
+    if (forced == "p2p") {
+      MORI_CHECK(mappable, ErrorCode::InvalidUsage,
+                 "MORI_SHMEM_TRANSPORT=p2p, but PE %d cannot map PE %d's memory (%s)", rank_, pe,
+                 topology_.SameHost(pe) ? "no peer access between their GPUs" : "it is on another host");
+      t = TransportType::P2P;
+    } else if (forced == "auto" && mappable) {
+      t = TransportType::P2P;
+    }
+  }
+
+  // Same-host heaps mapped here (collective over all PEs; cheap where nothing is shared).
+  peerBases_.assign(static_cast<size_t>(nPes_), 0);
+  peerBases_[static_cast<size_t>(rank_)] = reinterpret_cast<uintptr_t>(heap_.Data());
+  bool anyP2p = std::count(transports_.begin(), transports_.end(), TransportType::P2P) > 0;
+  auto anyP2pAll = bootstrap_->AllGatherValue(static_cast<int>(anyP2p));
+  if (std::count(anyP2pAll.begin(), anyP2pAll.end(), 1) > 0) {
+    fdChannel_ = std::make_unique<core::FdChannel>(*bootstrap_);
+    peerHeaps_ = core::ExchangeIpcMemory(*bootstrap_, topology_, *fdChannel_, heap_.Data(), heapBytes_);
+    for (int pe = 0; pe < nPes_; ++pe) {
+      if (transports_[static_cast<size_t>(pe)] != TransportType::P2P) continue;
+      MORI_CHECK(peerHeaps_[static_cast<size_t>(pe)] != nullptr, ErrorCode::Internal, "PE %d's heap was not mapped",
+                 pe);
+      peerBases_[static_cast<size_t>(pe)] = reinterpret_cast<uintptr_t>(peerHeaps_[static_cast<size_t>(pe)]->Data());
+    }
+  }
+
+  remoteBases_.resize(static_cast<size_t>(nPes_));
+  for (int pe = 0; pe < nPes_; ++pe) remoteBases_[static_cast<size_t>(pe)] = all[static_cast<size_t>(pe)].heapBase;
+  rkeys_.assign(static_cast<size_t>(nPes_), 0);
+  bool anyRdma = std::count(transports_.begin(), transports_.end(), TransportType::RDMA) > 0;
+  auto anyRdmaAll = bootstrap_->AllGatherValue(static_cast<int>(anyRdma));
+  nicAtomics_ = std::count(anyRdmaAll.begin(), anyRdmaAll.end(), 1) > 0;
+  if (nicAtomics_) SetUpRdma();
+
+  BuildDeviceState();
+  PublishDeviceState(state_);
+  bootstrap_->Barrier();
+
+  std::string summary;
+  for (int pe = 0; pe < nPes_; ++pe) {
+    summary += (pe ? " " : "") + std::to_string(pe) + ":" + TransportTypeName(transports_[static_cast<size_t>(pe)]);
+  }
+  MORI_LOG_INFO(Shmem, "PE %d of %d: heap %zu bytes at %p (%s), device %d, transports [%s]%s", rank_, nPes_,
+                heapBytes_, heap_.Data(), heap_.AllocatorName(), device, summary.c_str(),
+                nicAtomics_ ? ", atomics through the NIC" : "");
+}
+
+void Runtime::SetUpRdma() {
+  rdma::RdmaBackendType backend = rdma::RdmaBackendFromEnvironment();
+  rdmaContext_ = std::make_unique<rdma::RdmaContext>(backend);
+  auto ports = rdma::GetActiveDevicePortList(rdmaContext_->GetRdmaDeviceList());
+  MORI_CHECK(!ports.empty(), ErrorCode::NotSupported, "PE %d needs RDMA but has no active %s port", rank_,
+             rdma::RdmaBackendName(backend));
+  nic_ = ports[0].first->CreateRdmaDeviceContext();
+
+  int64_t depth = core::EnvGetInt("MORI_SHMEM_QUEUE_DEPTH");
+  MORI_CHECK(depth >= 2 && depth <= 32768 && (depth & (depth - 1)) == 0, ErrorCode::InvalidUsage,
+             "MORI_SHMEM_QUEUE_DEPTH=%lld is not a power of two in [2, 32768]", static_cast<long long>(depth));
+  rdma::RdmaEndpointConfig config;
+  config.portId = ports[0].second;
+  config.maxMsgsNum = static_cast<uint32_t>(depth);
+  config.maxCqeNum = static_cast<uint32_t>(depth) * 2;
+  config.maxRecvNum = 2;
+  config.onGpu = MORI_BACKEND_GPU != 0;
+
+  // Every pair gets QPs (and each PE a loopback to itself): once any PE is reached over RDMA, atomics to
+  // every PE go through the NIC.
+  const size_t n = static_cast<size_t>(nPes_);
+  endpoints_.assign(n * qpsPerPe_, rdma::RdmaEndpoint{});
+  std::vector<rdma::RdmaEndpointHandle> mine(n * qpsPerPe_);
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    endpoints_[i] = nic_->CreateRdmaEndpoint(config);
+    mine[i] = endpoints_[i].handle;
+  }
+  std::vector<rdma::RdmaEndpointHandle> all(n * n * qpsPerPe_);
+  std::copy(mine.begin(), mine.end(), all.begin() + static_cast<ptrdiff_t>(static_cast<size_t>(rank_) * n * qpsPerPe_));
+  bootstrap_->AllGather(all.data(), mine.size() * sizeof(rdma::RdmaEndpointHandle));
+  for (int pe = 0; pe < nPes_; ++pe) {
+    for (uint32_t q = 0; q < qpsPerPe_; ++q) {
+      rdma::RdmaEndpoint& local = endpoints_[static_cast<size_t>(pe) * qpsPerPe_ + q];
+      if (pe == rank_) {
+        rdma::RdmaEndpoint peer = nic_->CreateRdmaEndpoint(config);
+        nic_->ConnectEndpoint(local.handle, peer.handle);
+        nic_->ConnectEndpoint(peer.handle, local.handle);
+        loopbackPeers_.push_back(peer);
+      } else {
+        const auto& remote = all[(static_cast<size_t>(pe) * n + static_cast<size_t>(rank_)) * qpsPerPe_ + q];
+        nic_->ConnectEndpoint(local.handle, remote);
+      }
+    }
+  }
+
+  heapRegion_ = nic_->RegisterRdmaMemoryRegion(heap_.Data(), heapBytes_);
+  auto keys = bootstrap_->AllGatherValue(heapRegion_.rkey);
+  for (int pe = 0; pe < nPes_; ++pe) rkeys_[static_cast<size_t>(pe)] = keys[static_cast<size_t>(pe)];
+  MORI_LOG_INFO(Shmem, "PE %d: %zu RDMA queue pairs on %s (%s), depth %lld", rank_, endpoints_.size(),
+                ports[0].first->Name().c_str(), rdma::RdmaBackendName(backend), static_cast<long long>(depth));
+}
+
+void Runtime::BuildDeviceState() {
+  ControlLayout l = LayOutControl(nPes_, qpsPerPe_);
+  control_ = core::GpuBuffer(l.total, core::MemoryType::Device);
+  auto* base = control_.DataAs<uint8_t>();
+  MORI_CHECK_GPU(core::GpuMemset(base, 0, l.total));
+
+  const size_t n = static_cast<size_t>(nPes_);
+  std::vector<uint8_t> transports(n);
+  for (size_t i = 0; i < n; ++i) transports[i] = static_cast<uint8_t>(transports_[i]);
+  std::vector<ShmemQueuePair> queues(n * qpsPerPe_);
+  std::memset(static_cast<void*>(queues.data()), 0, queues.size() * sizeof(ShmemQueuePair));
+  for (size_t i = 0; i < endpoints_.size(); ++i) queues[i] = ShmemQueuePair{endpoints_[i].wqHandle, endpoints_[i].cqHandle};
+
+  MORI_CHECK_GPU(core::GpuMemcpy(base + l.transports, transports.data(), n));
+  MORI_CHECK_GPU(core::GpuMemcpy(base + l.peerBases, peerBases_.data(), n * sizeof(uintptr_t)));
+  MORI_CHECK_GPU(core::GpuMemcpy(base + l.remoteBases, remoteBases_.data(), n * sizeof(uintptr_t)));
+  MORI_CHECK_GPU(core::GpuMemcpy(base + l.rkeys, rkeys_.data(), n * sizeof(uint32_t)));
+  MORI_CHECK_GPU(core::GpuMemcpy(base + l.queues, queues.data(), queues.size() * sizeof(ShmemQueuePair)));
+  MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+
+  state_ = ShmemDeviceState{};
+  state_.magic = kShmemStateMagic;
+  state_.rank = rank_;
+  state_.nPes = nPes_;
+  state_.qpsPerPe = qpsPerPe_;
+  state_.heapBase = reinterpret_cast<uintptr_t>(heap_.Data());
+  state_.heapBytes = heapBytes_;
+  state_.timeoutNs = static_cast<uint64_t>(core::TimeoutSeconds() * 1e9);
+  state_.heapLkey = heapRegion_.lkey;
+  state_.nicAtomics = nicAtomics_ ? 1u : 0u;
+  state_.transports = base + l.transports;
+  state_.peerBases = reinterpret_cast<const uintptr_t*>(base + l.peerBases);
+  state_.remoteBases = reinterpret_cast<const uintptr_t*>(base + l.remoteBases);
+  state_.rkeys = reinterpret_cast<const uint32_t*>(base + l.rkeys);
+  state_.queues = endpoints_.empty() ? nullptr : reinterpret_cast<ShmemQueuePair*>(base + l.queues);
+  state_.fetchTicket = reinterpret_cast<uint32_t*>(base + l.fetchTicket);
+  state_.fetchTurn = reinterpret_cast<uint32_t*>(base + l.fetchTurn);
+  state_.barrierSeq = reinterpret_cast<uint64_t*>(base + l.barrierSeq);
+  deviceLocalRegions_ = reinterpret_cast<ShmemLocalRegion*>(base + l.localRegions);
+  state_.localRegions = deviceLocalRegions_;
+}
+
+Runtime::~Runtime() {
+  // Reached without Finalize only at process exit: no collective steps then (peers may be gone), the
+  // members release what they hold in reverse order (NIC engines stop before the heap goes).
+  if (!finalized_) MORI_LOG_WARN(Shmem, "PE %d exits without ShmemFinalize()", rank_);
+}
+
+void Runtime::Finalize() {
+  if (finalized_) return;
+  finalized_ = true;
+  (void)core::GpuDeviceSynchronize();
+  bootstrap_->Barrier();  // every PE's kernels are done: nothing writes into the heaps any more
+  ShmemDeviceState cleared{};
+  PublishDeviceState(cleared);
+  if (nic_ != nullptr) {
+    for (const auto& r : localRegions_) nic_->DeregisterRdmaMemoryRegion(reinterpret_cast<void*>(r.base));
+    nic_->DeregisterRdmaMemoryRegion(heap_.Data());
+    for (auto& ep : endpoints_) nic_->DestroyRdmaEndpoint(ep.handle);
+    for (auto& ep : loopbackPeers_) nic_->DestroyRdmaEndpoint(ep.handle);
+  }
+  endpoints_.clear();
+  loopbackPeers_.clear();
+  localRegions_.clear();
+  nic_ = nullptr;
+  rdmaContext_.reset();
+  bootstrap_->Barrier();  // every PE's NIC has stopped before the mappings go
+  peerHeaps_.clear();
+  fdChannel_.reset();
+  control_ = core::GpuBuffer();
+  heap_ = core::GpuBuffer();
+}
+
+TransportType Runtime::Transport(int pe) const {
+  MORI_CHECK(pe >= 0 && pe < nPes_, ErrorCode::InvalidUsage, "PE %d is not in [0, %d)", pe, nPes_);
+  return transports_[static_cast<size_t>(pe)];
+}
+
+void* Runtime::PeerPointer(const void* dest, int pe) const {
+  if (pe < 0 || pe >= nPes_) return nullptr;
+  auto a = reinterpret_cast<uintptr_t>(dest);
+  auto base = reinterpret_cast<uintptr_t>(heap_.Data());
+  if (a < base || a - base >= heapBytes_) return nullptr;
+  uintptr_t peer = peerBases_[static_cast<size_t>(pe)];
+  return peer == 0 ? nullptr : reinterpret_cast<void*>(peer + (a - base));
+}
+
+void* Runtime::Allocate(size_t bytes, size_t alignment, bool zero) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  struct Request {
+    uint64_t bytes, alignment;
+  };
+  auto requests = bootstrap_->AllGatherValue(Request{bytes, alignment});
+  for (int pe = 0; pe < nPes_; ++pe) {
+    const Request& r = requests[static_cast<size_t>(pe)];
+    MORI_CHECK(r.bytes == bytes && r.alignment == alignment, ErrorCode::InvalidUsage,
+               "ShmemMalloc is collective and symmetric: PE %d asked for %llu bytes (alignment %llu), PE %d for %zu "
+               "(alignment %zu)",
+               pe, static_cast<unsigned long long>(r.bytes), static_cast<unsigned long long>(r.alignment), rank_,
+               bytes, alignment);
+  }
+  if (bytes == 0) return nullptr;
+  std::optional<uint64_t> offset = allocator_.Allocate(bytes, alignment);
+  // Every PE learns every PE's outcome: all succeed at the same offset, or all give theirs back.
+  auto offsets = bootstrap_->AllGatherValue(offset.value_or(UINT64_MAX));
+  bool agreed = true;
+  for (uint64_t o : offsets) agreed = agreed && o == offsets[0] && o != UINT64_MAX;
+  if (!agreed) {
+    if (offset) allocator_.Free(*offset);
+    std::string detail;
+    for (int pe = 0; pe < nPes_; ++pe) {
+      if (offsets[static_cast<size_t>(pe)] == UINT64_MAX) detail += " " + std::to_string(pe);
+    }
+    MORI_LOG_ERROR(Shmem,
+                   "ShmemMalloc(%zu) failed on PE %d: the symmetric heap cannot hold it (out of space on PEs:%s; "
+                   "this PE has %llu bytes free, largest free range %llu; MORI_SHMEM_HEAP_SIZE=%zu)",
+                   bytes, rank_, detail.empty() ? " none, offsets differ" : detail.c_str(),
+                   static_cast<unsigned long long>(allocator_.FreeBytes()),
+                   static_cast<unsigned long long>(allocator_.LargestFree()), heapBytes_);
+    return nullptr;
+  }
+  void* ptr = heap_.DataAs<uint8_t>() + *offset;
+  if (zero) {
+    MORI_CHECK_GPU(core::GpuMemset(ptr, 0, bytes));
+    MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+  }
+  bootstrap_->Barrier();  // nobody writes into a peer's new block before the peer has it (and zeroed it)
+  return ptr;
+}
+
+void Runtime::Free(void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto a = reinterpret_cast<uintptr_t>(ptr);
+  auto base = reinterpret_cast<uintptr_t>(heap_.Data());
+  uint64_t offset = ptr == nullptr ? UINT64_MAX : a - base;
+  bool known = ptr != nullptr && a >= base && a - base < heapBytes_ && allocator_.SizeAt(offset).has_value();
+  MORI_CHECK(ptr == nullptr || known, ErrorCode::InvalidUsage,
+             "ShmemFree(%p) on PE %d: not a block from ShmemMalloc (heap [%p, %p))", ptr, rank_, heap_.Data(),
+             static_cast<void*>(heap_.DataAs<uint8_t>() + heapBytes_));
+  auto offsets = bootstrap_->AllGatherValue(offset);
+  for (int pe = 0; pe < nPes_; ++pe) {
+    MORI_CHECK(offsets[static_cast<size_t>(pe)] == offset, ErrorCode::InvalidUsage,
+               "ShmemFree is collective: PE %d frees heap offset %lld, PE %d offset %lld", pe,
+               static_cast<long long>(offsets[static_cast<size_t>(pe)]), rank_, static_cast<long long>(offset));
+  }
+  if (ptr == nullptr) return;
+  MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+  bootstrap_->Barrier();  // no PE still reads or writes the block
+  allocator_.Free(offset);
+}
+
+void Runtime::Barrier() {
+  MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+  bootstrap_->Barrier();
+}
+
+void Runtime::RegisterBuffer(void* ptr, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  MORI_CHECK(ptr != nullptr && bytes > 0, ErrorCode::InvalidUsage, "ShmemBufferRegister(%p, %zu): empty buffer", ptr,
+             bytes);
+  MORI_CHECK(localRegions_.size() < kShmemMaxLocalRegions, ErrorCode::InvalidUsage,
+             "ShmemBufferRegister: at most %u buffers may be registered", kShmemMaxLocalRegions);
+  for (const auto& r : localRegions_) {
+    MORI_CHECK(r.base != reinterpret_cast<uintptr_t>(ptr), ErrorCode::InvalidUsage,
+               "ShmemBufferRegister(%p): already registered", ptr);
+  }
+  // Without a NIC nothing reads local memory through one (loads and stores reach it all): only remembered.
+  uint32_t lkey = nic_ != nullptr ? nic_->RegisterRdmaMemoryRegion(ptr, bytes).lkey : ~0u;
+  localRegions_.push_back(ShmemLocalRegion{reinterpret_cast<uintptr_t>(ptr), bytes, lkey, 0});
+  UploadLocalRegions();
+}
+
+void Runtime::UnregisterBuffer(void* ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = std::find_if(localRegions_.begin(), localRegions_.end(),
+                         [ptr](const ShmemLocalRegion& r) { return r.base == reinterpret_cast<uintptr_t>(ptr); });
+  MORI_CHECK(it != localRegions_.end(), ErrorCode::InvalidUsage, "ShmemBufferUnregister(%p): not registered", ptr);
+  MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+  localRegions_.erase(it);
+  UploadLocalRegions();
+  if (nic_ != nullptr) nic_->DeregisterRdmaMemoryRegion(ptr);
+}
+
+void Runtime::UploadLocalRegions() {
+  std::vector<ShmemLocalRegion> table(kShmemMaxLocalRegions, ShmemLocalRegion{0, 0, 0, 0});
+  std::copy(localRegions_.begin(), localRegions_.end(), table.begin());
+  MORI_CHECK_GPU(core::GpuMemcpy(deviceLocalRegions_, table.data(), table.size() * sizeof(ShmemLocalRegion)));
+  MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+}
+
+}  // namespace mori::shmem

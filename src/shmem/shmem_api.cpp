@@ -1,0 +1,242 @@
+// The C-style host API: every entry point catches at its boundary, logs the cause and returns a code (or
+// nullptr), as STYLE.md asks of the SHMEM host API.
+#include "mori/shmem/shmem_api.hpp"
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "mori/core/bootstrap.hpp"
+#include "mori/core/errors.hpp"
+#include "mori/core/launch.hpp"
+#include "mori/core/logging.hpp"
+#include "runtime.hpp"
+#if MORI_HAS_MPI
+#include "mori/core/mpi_bootstrap.hpp"
+#endif
+
+namespace mori::shmem {
+
+namespace detail {
+
+#if MORI_BACKEND_HOST
+ShmemDeviceState hostState{};
+#endif
+
+namespace {
+std::mutex& RegistryMutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<StateUploader>& Uploaders() {
+  static std::vector<StateUploader> list;
+  return list;
+}
+ShmemDeviceState& Published() {
+  static ShmemDeviceState state{};
+  return state;
+}
+}  // namespace
+
+bool RegisterStateUploader(StateUploader uploader) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  Uploaders().push_back(uploader);
+  if (Published().magic == kShmemStateMagic) {
+    int rc = uploader(&Published());
+    if (rc != 0) MORI_LOG_ERROR(Shmem, "uploading the SHMEM state to a late-loaded module failed (error %d)", rc);
+  }
+  return true;
+}
+
+}  // namespace detail
+
+void PublishDeviceState(const ShmemDeviceState& state) {
+  std::lock_guard<std::mutex> lock(detail::RegistryMutex());
+  detail::Published() = state;
+#if MORI_BACKEND_HOST
+  detail::hostState = state;
+#endif
+  for (auto uploader : detail::Uploaders()) {
+    int rc = uploader(&state);
+    MORI_CHECK(rc == 0, core::ErrorCode::Gpu, "uploading the SHMEM state to a kernel module failed (error %d)", rc);
+  }
+}
+
+namespace {
+
+std::mutex& RuntimeMutex() {
+  static std::mutex m;
+  return m;
+}
+std::unique_ptr<Runtime>& TheRuntime() {
+  static std::unique_ptr<Runtime> runtime;
+  return runtime;
+}
+
+Runtime& Current(const char* op) {
+  auto& rt = TheRuntime();
+  MORI_CHECK(rt != nullptr, core::ErrorCode::InvalidUsage, "%s called before ShmemInit() (or after ShmemFinalize())",
+             op);
+  return *rt;
+}
+
+template <typename F>
+int Guarded(const char* op, F&& body) {
+  try {
+    body();
+    return 0;
+  } catch (const std::exception& e) {
+    MORI_LOG_ERROR(Shmem, "%s: %s", op, e.what());
+    return -1;
+  }
+}
+
+int Start(const char* op, std::shared_ptr<core::Bootstrap> bootstrap) {
+  std::lock_guard<std::mutex> lock(RuntimeMutex());
+  auto& rt = TheRuntime();
+  MORI_CHECK(rt == nullptr, core::ErrorCode::InvalidUsage, "%s: the runtime is already initialised", op);
+  rt = std::make_unique<Runtime>(std::move(bootstrap));
+  return 0;
+}
+
+}  // namespace
+
+namespace detail {
+int HostMyPe() {
+  auto& rt = TheRuntime();
+  return rt ? rt->Rank() : -1;
+}
+int HostNPes() {
+  auto& rt = TheRuntime();
+  return rt ? rt->NPes() : 0;
+}
+void* HostPtr(const void* dest, int pe) {
+  auto& rt = TheRuntime();
+  return rt ? rt->PeerPointer(dest, pe) : nullptr;
+}
+}  // namespace detail
+
+int ShmemInit() {
+  return Guarded("ShmemInit", [] { Start("ShmemInit", core::CreateBootstrapFromEnvironment()); });
+}
+
+#if MORI_HAS_MPI
+int ShmemMpiInit(MPI_Comm comm) {
+  return Guarded("ShmemMpiInit", [comm] { Start("ShmemMpiInit", std::make_shared<core::MpiBootstrap>(comm)); });
+}
+#endif
+
+int ShmemGetUniqueId(mori_shmem_uniqueid_t* uid) {
+  return Guarded("ShmemGetUniqueId", [uid] {
+    MORI_CHECK(uid != nullptr, core::ErrorCode::InvalidUsage, "uid is null");
+    core::UniqueId id = core::SocketBootstrap::CreateUniqueId();
+    static_assert(sizeof(id.bytes) == sizeof(uid->internal), "unique id sizes differ");
+    std::memcpy(uid->internal, id.bytes, sizeof(id.bytes));
+  });
+}
+
+int ShmemSetAttrUniqueIdArgs(int rank, int nRanks, mori_shmem_uniqueid_t* uid, mori_shmem_init_attr_t* attr) {
+  return Guarded("ShmemSetAttrUniqueIdArgs", [=] {
+    MORI_CHECK(uid != nullptr && attr != nullptr, core::ErrorCode::InvalidUsage, "uid or attr is null");
+    MORI_CHECK(nRanks > 0 && rank >= 0 && rank < nRanks, core::ErrorCode::InvalidUsage,
+               "rank %d is not in [0, %d)", rank, nRanks);
+    attr->rank = rank;
+    attr->nRanks = nRanks;
+    attr->uid = *uid;
+  });
+}
+
+int ShmemInitAttr(unsigned flags, mori_shmem_init_attr_t* attr) {
+  return Guarded("ShmemInitAttr", [=] {
+    MORI_CHECK(attr != nullptr, core::ErrorCode::InvalidUsage, "attr is null");
+    if (flags == MORI_SHMEM_INIT_WITH_UNIQUEID) {
+      MORI_CHECK(attr->nRanks > 0 && attr->rank >= 0 && attr->rank < attr->nRanks, core::ErrorCode::InvalidUsage,
+                 "attr: rank %d is not in [0, %d) (ShmemSetAttrUniqueIdArgs fills it)", attr->rank, attr->nRanks);
+      auto bootstrap = std::make_shared<core::SocketBootstrap>(attr->rank, attr->nRanks);
+      core::UniqueId id{};
+      std::memcpy(id.bytes, attr->uid.internal, sizeof(id.bytes));
+      bootstrap->Initialize(id);
+      Start("ShmemInitAttr", bootstrap);
+    } else if (flags == MORI_SHMEM_INIT_WITH_MPI_COMM) {
+#if MORI_HAS_MPI
+      MORI_CHECK(attr->mpiComm != nullptr, core::ErrorCode::InvalidUsage, "attr->mpiComm is null");
+      Start("ShmemInitAttr", std::make_shared<core::MpiBootstrap>(*static_cast<MPI_Comm*>(attr->mpiComm)));
+#else
+      MORI_THROW(core::ErrorCode::NotSupported, "MORI_SHMEM_INIT_WITH_MPI_COMM: this mori was built without MPI");
+#endif
+    } else {
+      MORI_THROW(core::ErrorCode::InvalidUsage, "unknown init flags 0x%x", flags);
+    }
+  });
+}
+
+int ShmemFinalize() {
+  return Guarded("ShmemFinalize", [] {
+    std::lock_guard<std::mutex> lock(RuntimeMutex());
+    auto& rt = TheRuntime();
+    MORI_CHECK(rt != nullptr, core::ErrorCode::InvalidUsage, "ShmemFinalize without ShmemInit");
+    std::unique_ptr<Runtime> taken = std::move(rt);
+    taken->Finalize();
+  });
+}
+
+bool ShmemIsInitialized() { return TheRuntime() != nullptr; }
+
+void* ShmemMallocAlign(size_t alignment, size_t bytes) {
+  void* out = nullptr;
+  Guarded("ShmemMallocAlign", [&] { out = Current("ShmemMalloc").Allocate(bytes, alignment, false); });
+  return out;
+}
+
+void* ShmemMalloc(size_t bytes) { return ShmemMallocAlign(256, bytes); }
+
+void* ShmemCalloc(size_t count, size_t bytes) {
+  void* out = nullptr;
+  Guarded("ShmemCalloc", [&] {
+    MORI_CHECK(bytes == 0 || count <= SIZE_MAX / bytes, core::ErrorCode::InvalidUsage,
+               "ShmemCalloc(%zu, %zu) overflows", count, bytes);
+    out = Current("ShmemCalloc").Allocate(count * bytes, 256, true);
+  });
+  return out;
+}
+
+void ShmemFree(void* ptr) { Guarded("ShmemFree", [ptr] { Current("ShmemFree").Free(ptr); }); }
+
+void ShmemBarrierAll() { Guarded("ShmemBarrierAll", [] { Current("ShmemBarrierAll").Barrier(); }); }
+
+TransportType ShmemTransportType(int pe) {
+  TransportType t = TransportType::Self;
+  Guarded("ShmemTransportType", [&] { t = Current("ShmemTransportType").Transport(pe); });
+  return t;
+}
+
+const char* TransportTypeName(TransportType type) {
+  switch (type) {
+    case TransportType::Self: return "Self";
+    case TransportType::P2P: return "P2P";
+    case TransportType::RDMA: return "RDMA";
+    case TransportType::Proxy: return "Proxy";
+  }
+  return "?";
+}
+
+int ShmemBufferRegister(void* ptr, size_t bytes) {
+  return Guarded("ShmemBufferRegister", [=] { Current("ShmemBufferRegister").RegisterBuffer(ptr, bytes); });
+}
+
+int ShmemBufferUnregister(void* ptr) {
+  return Guarded("ShmemBufferUnregister", [=] { Current("ShmemBufferUnregister").UnregisterBuffer(ptr); });
+}
+
+size_t ShmemHeapBytes() {
+  auto& rt = TheRuntime();
+  return rt ? rt->HeapBytes() - kShmemHeapUserOffset : 0;
+}
+
+void* ShmemHeapBase() {
+  auto& rt = TheRuntime();
+  return rt ? rt->HeapBase() : nullptr;
+}
+
+}  // namespace mori::shmem

@@ -1,0 +1,656 @@
+// The SHMEM runtime and device API under `mpirun -np N` (ctest runs 2 and 4 PEs under each forced
+// transport: MORI_SHMEM_TRANSPORT=p2p and rdma). Kernels run many threads at once; every test fills with
+// rank- and index-dependent patterns, checks every byte that should have arrived and that the bytes around
+// it were not touched.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <dirent.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../common/test_util.hpp"
+#include "mori/core/gpu.hpp"
+#include "mori/core/gpu_buffer.hpp"
+#include "mori/core/kernel.hpp"
+#include "mori/shmem/shmem_api.hpp"
+#include "mori/shmem/shmem_device_api.hpp"
+
+namespace mori::shmem {
+namespace {
+
+using core::Dim3;
+using core::test::PatternByte;
+
+constexpr uint8_t kGuard = 0xA5;
+constexpr unsigned kBlocks = 2;
+constexpr unsigned kThreads = 4;  // per block; on GPUs the warp and block variants use 64 threads per block
+
+unsigned ThreadsPerBlock() { return MORI_BACKEND_HOST ? kThreads : 64; }
+
+#define MORI_CHECK_KERNEL()                             \
+  do {                                                  \
+    ASSERT_EQ(core::GpuGetLastError(), core::kGpuSuccess); \
+    ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess); \
+  } while (0)
+
+int Me() { return ShmemMyPe(); }
+int N() { return ShmemNPes(); }
+
+std::vector<uint8_t> ToHost(const void* p, size_t bytes) {
+  std::vector<uint8_t> out(bytes);
+  EXPECT_EQ(core::GpuMemcpy(out.data(), p, bytes), core::kGpuSuccess);
+  return out;
+}
+
+void FromHost(void* p, const std::vector<uint8_t>& data) {
+  ASSERT_EQ(core::GpuMemcpy(p, data.data(), data.size()), core::kGpuSuccess);
+}
+
+// Symmetric buffer of `bytes` filled with the guard byte.
+uint8_t* GuardedBuffer(size_t bytes) {
+  auto* p = static_cast<uint8_t*>(ShmemMalloc(bytes));
+  EXPECT_NE(p, nullptr);
+  if (p != nullptr) FromHost(p, std::vector<uint8_t>(bytes, kGuard));
+  ShmemBarrierAll();
+  return p;
+}
+
+// Checks [0, bytes) of `got`: [begin, end) holds PatternByte(rank, i - begin, seed), the rest is the guard.
+void ExpectRegion(const std::vector<uint8_t>& got, size_t begin, size_t end, int rank, uint32_t seed,
+                  const char* what) {
+  size_t bad = 0, first = SIZE_MAX;
+  for (size_t i = 0; i < got.size(); ++i) {
+    uint8_t want = i >= begin && i < end ? PatternByte(rank, i - begin, seed) : kGuard;
+    if (got[i] != want) {
+      ++bad;
+      if (first == SIZE_MAX) first = i;
+    }
+  }
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " wrong bytes on PE " << Me() << ", first at " << first
+                     << " (data from PE " << rank << " expected in [" << begin << ", " << end << "))";
+}
+
+enum class Variant : int { ThreadNbi, ThreadBlocking, WarpNbi, WarpBlocking, BlockNbi, BlockBlocking, TypedNbi };
+const Variant kVariants[] = {Variant::ThreadNbi, Variant::ThreadBlocking, Variant::WarpNbi, Variant::WarpBlocking,
+                             Variant::BlockNbi,  Variant::BlockBlocking,  Variant::TypedNbi};
+
+// Each unit (thread, warp or block) puts chunk u of src to the same place in dst on `pe`.
+MORI_GLOBAL void PutKernel(int variant, uint8_t* dst, const uint8_t* src, size_t chunk, int pe) {
+  auto v = static_cast<Variant>(variant);
+  unsigned unit;
+  if (v == Variant::WarpNbi || v == Variant::WarpBlocking) {
+    unit = core::GlobalThreadIdx() / MORI_WARP_SIZE;
+  } else if (v == Variant::BlockNbi || v == Variant::BlockBlocking) {
+    unit = core::FlatBlockIdx();
+  } else {
+    unit = core::GlobalThreadIdx();
+  }
+  uint8_t* d = dst + unit * chunk;
+  const uint8_t* s = src + unit * chunk;
+  switch (v) {
+    case Variant::ThreadNbi: ShmemPutMemNbiThread(d, s, chunk, pe); break;
+    case Variant::ThreadBlocking: ShmemPutMemThread(d, s, chunk, pe); break;
+    case Variant::WarpNbi: ShmemPutMemNbiWarp(d, s, chunk, pe); break;
+    case Variant::WarpBlocking: ShmemPutMemWarp(d, s, chunk, pe); break;
+    case Variant::BlockNbi: ShmemPutMemNbiBlock(d, s, chunk, pe); break;
+    case Variant::BlockBlocking: ShmemPutMemBlock(d, s, chunk, pe); break;
+    case Variant::TypedNbi: ShmemPutTypeNbiThread<uint8_t>(d, s, chunk, pe); break;
+  }
+  ShmemQuietThread();
+}
+
+TEST(ShmemTest, InitQueriesAndTransports) {
+  int rank = 0, size = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  EXPECT_EQ(Me(), rank);
+  EXPECT_EQ(N(), size);
+  const char* forced = std::getenv("MORI_SHMEM_TRANSPORT");
+  std::string f = forced ? forced : "auto";
+  for (int pe = 0; pe < N(); ++pe) {
+    TransportType t = ShmemTransportType(pe);
+    if (pe == Me()) {
+      EXPECT_EQ(t, TransportType::Self);
+    } else if (f == "p2p" || f == "auto") {
+      EXPECT_EQ(t, TransportType::P2P) << "pe " << pe;
+    } else if (f == "rdma") {
+      EXPECT_EQ(t, TransportType::RDMA) << "pe " << pe;
+    }
+  }
+  auto* p = static_cast<uint8_t*>(ShmemMalloc(4096));
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(ShmemPtr(p, Me()), p);
+  for (int pe = 0; pe < N(); ++pe) {
+    bool mapped = ShmemTransportType(pe) != TransportType::RDMA;
+    EXPECT_EQ(ShmemPtr(p, pe) != nullptr, mapped) << "pe " << pe;
+  }
+  EXPECT_EQ(ShmemPtr(reinterpret_cast<uint8_t*>(ShmemHeapBase()) + ShmemHeapBytes() + 100000, 0), nullptr);
+  EXPECT_EQ(ShmemPtr(p, N()), nullptr);
+  ShmemFree(p);
+}
+
+TEST(ShmemTest, AllocationIsSymmetricCoalescesAndFailsWhole) {
+  auto offsetOf = [](void* p) {
+    return static_cast<long long>(static_cast<uint8_t*>(p) - static_cast<uint8_t*>(ShmemHeapBase()));
+  };
+  void* a = ShmemMalloc(1000);
+  void* b = ShmemMallocAlign(4096, 3000);
+  void* c = ShmemCalloc(17, 33);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(b) % 4096, 0u);
+  long long mine[3] = {offsetOf(a), offsetOf(b), offsetOf(c)};
+  std::vector<long long> all(3 * static_cast<size_t>(N()));
+  MPI_Allgather(mine, 3, MPI_LONG_LONG, all.data(), 3, MPI_LONG_LONG, MPI_COMM_WORLD);
+  for (int pe = 0; pe < N(); ++pe) {
+    for (int k = 0; k < 3; ++k) EXPECT_EQ(all[static_cast<size_t>(pe) * 3 + k], mine[k]) << "PE " << pe;
+  }
+  auto zeros = ToHost(c, 17 * 33);
+  for (uint8_t z : zeros) ASSERT_EQ(z, 0);
+  ShmemFree(b);
+  ShmemFree(a);
+  // Three neighbours; free the middle, then the first: one range again, handed out whole.
+  void* x = ShmemMalloc(65536);  // too large for the holes left above: taken from the free tail, in order
+  void* y = ShmemMalloc(65536);
+  void* z = ShmemMalloc(65536);
+  ASSERT_TRUE(x && y && z);
+  ASSERT_EQ(offsetOf(y), offsetOf(x) + 65536);
+  ShmemFree(y);
+  ShmemFree(x);
+  void* big = ShmemMalloc(2 * 65536);
+  ASSERT_NE(big, nullptr);
+  EXPECT_EQ(offsetOf(big), offsetOf(x));
+  ShmemFree(z);
+  // Larger than the heap: nullptr everywhere, and the heap still works.
+  EXPECT_EQ(ShmemMalloc(ShmemHeapBytes() + 1), nullptr);
+  // Sizes that differ between PEs: an error on every PE, nothing allocated anywhere.
+  EXPECT_EQ(ShmemMalloc(1024 + static_cast<size_t>(Me())), N() > 1 ? nullptr : ShmemHeapBase());
+  void* after = ShmemMalloc(64);
+  EXPECT_NE(after, nullptr);
+  ShmemFree(after);
+  ShmemFree(big);
+  ShmemFree(c);
+}
+
+TEST(ShmemTest, PutEveryVariantOddSizesUnalignedOffsets) {
+  const unsigned tpb = ThreadsPerBlock();
+  for (Variant v : kVariants) {
+    for (size_t chunk : {size_t(1), size_t(13), size_t(1000), size_t(65536 + 7)}) {
+      unsigned units = v == Variant::BlockNbi || v == Variant::BlockBlocking ? kBlocks
+                       : v == Variant::WarpNbi || v == Variant::WarpBlocking
+                           ? kBlocks * tpb / MORI_WARP_SIZE
+                           : kBlocks * tpb;
+      const size_t skew = 5;  // unaligned start
+      const size_t payload = units * chunk;
+      const size_t bytes = payload + 2 * skew + 64;
+      uint8_t* dst = GuardedBuffer(bytes);
+      uint8_t* src = static_cast<uint8_t*>(ShmemMalloc(bytes));
+      ASSERT_TRUE(dst && src);
+      std::vector<uint8_t> pattern(bytes, 0);
+      for (size_t i = 0; i < payload; ++i) pattern[skew + i] = PatternByte(Me(), i, static_cast<uint32_t>(v));
+      FromHost(src, pattern);
+      ShmemBarrierAll();
+      int right = (Me() + 1) % N();
+      core::LaunchKernel(PutKernel, Dim3(kBlocks), Dim3(tpb), 0, nullptr, static_cast<int>(v), dst + skew, src + skew,
+                         chunk, right);
+      MORI_CHECK_KERNEL();
+      ShmemBarrierAll();
+      int left = (Me() + N() - 1) % N();
+      ExpectRegion(ToHost(dst, bytes), skew, skew + payload, left, static_cast<uint32_t>(v),
+                   ("variant " + std::to_string(static_cast<int>(v)) + " chunk " + std::to_string(chunk)).c_str());
+      ShmemFree(src);
+      ShmemFree(dst);
+    }
+  }
+}
+
+// Every thread gets its slice of the peer's buffer (nbi + quiet, or blocking), into the local heap.
+MORI_GLOBAL void GetKernel(int blocking, int group, uint8_t* dst, const uint8_t* src, size_t chunk, int pe) {
+  if (group == 2) {
+    uint8_t* d = dst + core::FlatBlockIdx() * chunk;
+    const uint8_t* s = src + core::FlatBlockIdx() * chunk;
+    blocking ? ShmemGetMemBlock(d, s, chunk, pe) : ShmemGetMemNbiBlock(d, s, chunk, pe);
+  } else if (group == 1) {
+    unsigned w = core::GlobalThreadIdx() / MORI_WARP_SIZE;
+    blocking ? ShmemGetMemWarp(dst + w * chunk, src + w * chunk, chunk, pe)
+             : ShmemGetMemNbiWarp(dst + w * chunk, src + w * chunk, chunk, pe);
+  } else {
+    unsigned t = core::GlobalThreadIdx();
+    blocking ? ShmemGetMemThread(dst + t * chunk, src + t * chunk, chunk, pe)
+             : ShmemGetMemNbiThread(dst + t * chunk, src + t * chunk, chunk, pe);
+  }
+  if (!blocking) ShmemQuietThread();
+}
+
+TEST(ShmemTest, GetBlockingAndNbiEveryGroup) {
+  const unsigned tpb = ThreadsPerBlock();
+  for (int group = 0; group < 3; ++group) {
+    for (int blocking = 0; blocking < 2; ++blocking) {
+      const size_t chunk = 777;
+      unsigned units = group == 2 ? kBlocks : group == 1 ? kBlocks * tpb / MORI_WARP_SIZE : kBlocks * tpb;
+      const size_t payload = units * chunk, skew = 3, bytes = payload + 64;
+      uint8_t* src = static_cast<uint8_t*>(ShmemMalloc(bytes));
+      uint8_t* dst = GuardedBuffer(bytes);
+      std::vector<uint8_t> pattern(bytes, 0);
+      for (size_t i = 0; i < payload; ++i) pattern[skew + i] = PatternByte(Me(), i, 40 + group);
+      FromHost(src, pattern);
+      ShmemBarrierAll();
+      int right = (Me() + 1) % N();
+      core::LaunchKernel(GetKernel, Dim3(kBlocks), Dim3(tpb), 0, nullptr, blocking, group, dst + skew, src + skew,
+                         chunk, right);
+      MORI_CHECK_KERNEL();
+      ExpectRegion(ToHost(dst, bytes), skew, skew + payload, right, 40 + group, "get");
+      ShmemBarrierAll();
+      ShmemFree(dst);
+      ShmemFree(src);
+    }
+  }
+}
+
+// Ring of put-with-signal: in round r every PE sends its block to the right and waits for round r from the
+// left, then checks the data that the signal announced (so a signal that overtook its data shows).
+MORI_GLOBAL void SignalRingKernel(int group, uint8_t* buf, uint8_t* src, size_t bytes, uint64_t* sig, int rounds,
+                                  int op, uint32_t* mismatches) {
+  int me = ShmemMyPe(), n = ShmemNPes();
+  int right = (me + 1) % n, left = (me + n - 1) % n;
+  for (int r = 1; r <= rounds; ++r) {
+    // Source for this round: pattern of (me, round).
+    if (group == 0 || core::FlatThreadIdx() == 0) {
+      for (size_t i = 0; i < bytes; ++i) src[(r & 1) * bytes + i] = PatternByte(me, i, static_cast<uint32_t>(r));
+    }
+    if (group == 2) core::SyncThreads();
+    uint8_t* slot = buf + (r & 1) * bytes;
+    uint64_t val = op == 0 ? static_cast<uint64_t>(r) : 1;
+    SignalOp sop = op == 0 ? SignalOp::Set : SignalOp::Add;
+    if (group == 2) {
+      ShmemPutMemNbiSignalBlock(slot, src + (r & 1) * bytes, bytes, sig, val, sop, right);
+    } else {
+      ShmemPutMemNbiSignalThread(slot, src + (r & 1) * bytes, bytes, sig, val, sop, right);
+    }
+    if (group == 0 || core::FlatThreadIdx() == 0) {
+      ShmemSignalWaitUntil(sig, CmpOp::GE, static_cast<uint64_t>(r));
+      const volatile uint8_t* seen = slot;  // the NIC may have written it behind this thread's caches
+      for (size_t i = 0; i < bytes; ++i) {
+        if (seen[i] != PatternByte(left, i, static_cast<uint32_t>(r))) core::AtomicFetchAdd(mismatches, 1u);
+      }
+      ShmemQuietThread();
+    }
+    if (group == 2) core::SyncThreads();
+    // Nobody reuses a slot before the receiver has read it: the two-slot ring plus a barrier every round.
+    if (group == 2) {
+      ShmemBarrierAllBlock();
+    } else {
+      ShmemBarrierAllThread();
+    }
+  }
+}
+
+TEST(ShmemTest, PutWithSignalNeverOvertakesData) {
+  for (int group : {0, 2}) {
+    for (int op : {0, 1}) {
+      for (size_t bytes : {size_t(8), size_t(4099), size_t(65536)}) {
+        uint8_t* buf = static_cast<uint8_t*>(ShmemMalloc(2 * bytes));
+        uint8_t* src = static_cast<uint8_t*>(ShmemMalloc(2 * bytes));
+        auto* sig = static_cast<uint64_t*>(ShmemCalloc(1, sizeof(uint64_t)));
+        auto* mismatches = static_cast<uint32_t*>(ShmemCalloc(1, sizeof(uint32_t)));
+        ASSERT_TRUE(buf && src && sig && mismatches);
+        core::LaunchKernel(SignalRingKernel, Dim3(1), Dim3(group == 2 ? ThreadsPerBlock() : 1), 0, nullptr, group, buf,
+                           src, bytes, sig, 6, op, mismatches);
+        MORI_CHECK_KERNEL();
+        uint32_t bad = 0;
+        ASSERT_EQ(core::GpuMemcpy(&bad, mismatches, sizeof(bad)), core::kGpuSuccess);
+        EXPECT_EQ(bad, 0u) << "group " << group << " op " << op << " bytes " << bytes;
+        uint64_t finalSig = 0;
+        ASSERT_EQ(core::GpuMemcpy(&finalSig, sig, sizeof(finalSig)), core::kGpuSuccess);
+        EXPECT_EQ(finalSig, 6u);
+        ShmemBarrierAll();
+        ShmemFree(mismatches);
+        ShmemFree(sig);
+        ShmemFree(src);
+        ShmemFree(buf);
+      }
+    }
+  }
+}
+
+// Every comparison of the waits: PE p sets its right neighbour's word to a known value, the neighbour waits
+// with each operator, and a single-value put and get round out the family.
+MORI_GLOBAL void WaitAndValueKernel(uint64_t* sig, int32_t* ivar, uint64_t* putTarget, uint64_t* results) {
+  int me = ShmemMyPe(), n = ShmemNPes();
+  int right = (me + 1) % n, left = (me + n - 1) % n;
+  ShmemSignalOpThread(sig, 100 + static_cast<uint64_t>(me), SignalOp::Set, right);
+  ShmemPutTypeImmNbiThread<int32_t>(ivar, -50 - me, right);
+  ShmemPutTypeImmNbiThread<uint64_t>(putTarget, 0x1234000000000000ull + static_cast<uint64_t>(me), right);
+  ShmemQuietThread();
+  uint64_t want = 100 + static_cast<uint64_t>(left);
+  results[0] = ShmemSignalWaitUntil(sig, CmpOp::EQ, want);
+  results[1] = ShmemSignalWaitUntil(sig, CmpOp::GE, want);
+  results[2] = ShmemSignalWaitUntil(sig, CmpOp::GT, want - 1);
+  results[3] = ShmemSignalWaitUntil(sig, CmpOp::LE, want);
+  results[4] = ShmemSignalWaitUntil(sig, CmpOp::LT, want + 1);
+  results[5] = ShmemSignalWaitUntil(sig, CmpOp::NE, 0);
+  results[6] = static_cast<uint64_t>(static_cast<int64_t>(ShmemWaitUntil<int32_t>(ivar, CmpOp::LT, -49)));
+  results[7] = ShmemWaitUntil<uint64_t>(putTarget, CmpOp::NE, 0);
+  ShmemBarrierAllThread();
+  // g: read the right neighbour's words.
+  results[8] = ShmemGetTypeImmThread<uint64_t>(sig, right);
+  results[9] = static_cast<uint64_t>(static_cast<int64_t>(ShmemGetTypeImmThread<int32_t>(ivar, right)));
+}
+
+TEST(ShmemTest, SignalOpWaitsAndSingleValues) {
+  auto* sig = static_cast<uint64_t*>(ShmemCalloc(1, 8));
+  auto* ivar = static_cast<int32_t*>(ShmemCalloc(2, 4));
+  auto* put = static_cast<uint64_t*>(ShmemCalloc(1, 8));
+  auto* results = static_cast<uint64_t*>(ShmemCalloc(10, 8));
+  ASSERT_TRUE(sig && ivar && put && results);
+  core::LaunchKernel(WaitAndValueKernel, Dim3(1), Dim3(1), 0, nullptr, sig, ivar, put, results);
+  MORI_CHECK_KERNEL();
+  std::vector<uint64_t> r(10);
+  ASSERT_EQ(core::GpuMemcpy(r.data(), results, 80), core::kGpuSuccess);
+  int left = (Me() + N() - 1) % N(), right = (Me() + 1) % N();
+  for (int k = 0; k < 6; ++k) EXPECT_EQ(r[k], 100u + static_cast<uint64_t>(left)) << "wait " << k;
+  EXPECT_EQ(static_cast<int64_t>(r[6]), -50 - left);
+  EXPECT_EQ(r[7], 0x1234000000000000ull + static_cast<uint64_t>(left));
+  EXPECT_EQ(r[8], 100u + static_cast<uint64_t>(Me()));  // what I wrote into my right neighbour
+  EXPECT_EQ(static_cast<int64_t>(r[9]), -50 - Me());
+  (void)right;
+  ShmemBarrierAll();
+  ShmemFree(results);
+  ShmemFree(put);
+  ShmemFree(ivar);
+  ShmemFree(sig);
+}
+
+// Every thread of every PE hammers the counters on every PE with each atomic. A 32-bit counter shares its
+// 8-byte word with a neighbour that must stay as it was.
+template <typename T>
+MORI_GLOBAL void AtomicKernel(T* counters, T* tickets, int iters, uint32_t* errors) {
+  int n = ShmemNPes();
+  unsigned tid = core::GlobalThreadIdx();
+  for (int i = 0; i < iters; ++i) {
+    for (int pe = 0; pe < n; ++pe) {
+      // counters[0]: fetch-add 3; [2]: add 5; [4]: compare-swap increments; [6]: fetch-inc.
+      ShmemAtomicTypeFetchAddThread<T>(&counters[0], T(3), pe);
+      ShmemAtomicTypeAddThread<T>(&counters[2], T(5), pe);
+      T seen = ShmemAtomicTypeFetchThread<T>(&counters[4], pe);
+      for (;;) {
+        T old = ShmemAtomicTypeCompareSwapThread<T>(&counters[4], seen, T(seen + 1), pe);
+        if (old == seen) break;
+        seen = old;
+      }
+      T ticket = ShmemAtomicTypeFetchIncThread<T>(&counters[6], pe);
+      // Every ticket (they start at 60) is handed out once: mark it.
+      T was = ShmemAtomicTypeSwapThread<T>(&tickets[static_cast<size_t>(ticket) - 60], T(1), pe);
+      if (was != T(0)) core::AtomicFetchAdd(errors, 1u);
+    }
+  }
+  ShmemQuietThread();
+  (void)tid;
+}
+
+template <typename T>
+void RunAtomics() {
+  const unsigned tpb = MORI_BACKEND_HOST ? 3 : 32;
+  const int iters = MORI_BACKEND_HOST ? 20 : 50;
+  const size_t total = static_cast<size_t>(N()) * kBlocks * tpb * static_cast<size_t>(iters);
+  T* counters = static_cast<T*>(ShmemMalloc(8 * sizeof(T)));
+  T* tickets = static_cast<T*>(ShmemCalloc(total, sizeof(T)));
+  auto* errors = static_cast<uint32_t*>(ShmemCalloc(1, 4));
+  ASSERT_TRUE(counters && tickets && errors);
+  std::vector<T> init(8);
+  for (int k = 0; k < 8; ++k) init[k] = (k & 1) ? T(0x5A5A5A5A) : T(10 * k);  // odd slots: untouched neighbours
+  ASSERT_EQ(core::GpuMemcpy(counters, init.data(), 8 * sizeof(T)), core::kGpuSuccess);
+  ShmemBarrierAll();
+  core::LaunchKernel(AtomicKernel<T>, Dim3(kBlocks), Dim3(tpb), 0, nullptr, counters, tickets, iters, errors);
+  MORI_CHECK_KERNEL();
+  ShmemBarrierAll();
+  std::vector<T> got(8);
+  ASSERT_EQ(core::GpuMemcpy(got.data(), counters, 8 * sizeof(T)), core::kGpuSuccess);
+  EXPECT_EQ(got[0], T(0 + 3 * total));
+  EXPECT_EQ(got[2], T(20 + 5 * total));
+  EXPECT_EQ(got[4], T(40 + total));
+  EXPECT_EQ(got[6], T(60 + total));
+  for (int k = 1; k < 8; k += 2) EXPECT_EQ(got[k], T(0x5A5A5A5A)) << "neighbour word " << k << " was touched";
+  uint32_t errs = 0;
+  ASSERT_EQ(core::GpuMemcpy(&errs, errors, 4), core::kGpuSuccess);
+  EXPECT_EQ(errs, 0u) << "tickets handed out twice";
+  // Tickets 60 .. 60 + total - 1 were handed out here, each marked once.
+  std::vector<T> marks(total);
+  ASSERT_EQ(core::GpuMemcpy(marks.data(), tickets, total * sizeof(T)), core::kGpuSuccess);
+  size_t marked = 0;
+  for (T m : marks) marked += m == T(1);
+  EXPECT_EQ(marked, total);
+  ShmemBarrierAll();
+  ShmemFree(errors);
+  ShmemFree(tickets);
+  ShmemFree(counters);
+}
+
+TEST(ShmemTest, AtomicsInt32) { RunAtomics<int32_t>(); }
+TEST(ShmemTest, AtomicsUint32) { RunAtomics<uint32_t>(); }
+TEST(ShmemTest, AtomicsInt64) { RunAtomics<int64_t>(); }
+TEST(ShmemTest, AtomicsUint64) { RunAtomics<uint64_t>(); }
+
+// Set and swap leave the last writer's value; the PEs take turns so the final value is known.
+MORI_GLOBAL void SetSwapKernel(uint64_t* word, int32_t* word32, uint64_t* out) {
+  int me = ShmemMyPe(), n = ShmemNPes();
+  for (int turn = 0; turn < n; ++turn) {
+    if (turn == me) {
+      for (int pe = 0; pe < n; ++pe) {
+        ShmemAtomicTypeSetThread<uint64_t>(word, 0xABC00000ull + static_cast<uint64_t>(me), pe);
+        out[pe] = ShmemAtomicTypeSwapThread<int32_t>(word32, -7 - me, pe);
+      }
+      ShmemQuietThread();
+    }
+    ShmemBarrierAllThread();
+  }
+}
+
+TEST(ShmemTest, AtomicSetAndSwap) {
+  auto* word = static_cast<uint64_t*>(ShmemCalloc(1, 8));
+  auto* word32 = static_cast<int32_t*>(ShmemCalloc(2, 4));
+  auto* out = static_cast<uint64_t*>(ShmemCalloc(static_cast<size_t>(N()), 8));
+  ASSERT_TRUE(word && word32 && out);
+  core::LaunchKernel(SetSwapKernel, Dim3(1), Dim3(1), 0, nullptr, word, word32, out);
+  MORI_CHECK_KERNEL();
+  uint64_t w = 0;
+  int32_t w32[2] = {0, 0};
+  ASSERT_EQ(core::GpuMemcpy(&w, word, 8), core::kGpuSuccess);
+  ASSERT_EQ(core::GpuMemcpy(w32, word32, 8), core::kGpuSuccess);
+  EXPECT_EQ(w, 0xABC00000ull + static_cast<uint64_t>(N() - 1));
+  EXPECT_EQ(w32[0], -7 - (N() - 1));
+  EXPECT_EQ(w32[1], 0) << "the word beside the 32-bit target was touched";
+  std::vector<uint64_t> o(static_cast<size_t>(N()));
+  ASSERT_EQ(core::GpuMemcpy(o.data(), out, o.size() * 8), core::kGpuSuccess);
+  for (int pe = 0; pe < N(); ++pe) {
+    int32_t want = Me() == 0 ? 0 : -7 - (Me() - 1);  // the previous turn's value
+    EXPECT_EQ(static_cast<int32_t>(o[static_cast<size_t>(pe)]), want) << "swap at pe " << pe;
+  }
+  ShmemBarrierAll();
+  ShmemFree(out);
+  ShmemFree(word32);
+  ShmemFree(word);
+}
+
+// Fence: data put, fence, flag put; the receiver that sees the flag must see the data. Quiet(pe) too.
+MORI_GLOBAL void FenceKernel(uint8_t* data, const uint8_t* src, size_t bytes, uint64_t* flag, int rounds,
+                             uint32_t* bad) {
+  int me = ShmemMyPe(), n = ShmemNPes();
+  int right = (me + 1) % n, left = (me + n - 1) % n;
+  for (int r = 1; r <= rounds; ++r) {
+    ShmemPutMemNbiThread(data, src + static_cast<size_t>(r) * bytes, bytes, right);
+    ShmemFenceThread();
+    ShmemPutTypeImmNbiThread<uint64_t>(flag, static_cast<uint64_t>(r), right);
+    ShmemQuietThread(right);
+    ShmemWaitUntil<uint64_t>(flag, CmpOp::GE, static_cast<uint64_t>(r));
+    const volatile uint8_t* seen = data;
+    for (size_t i = 0; i < bytes; ++i) {
+      if (seen[i] != PatternByte(left, i, static_cast<uint32_t>(r))) {
+        core::AtomicFetchAdd(bad, 1u);
+        break;
+      }
+    }
+    ShmemBarrierAllThread();
+  }
+}
+
+TEST(ShmemTest, FenceOrdersPutsToOnePe) {
+  const size_t bytes = 3001;
+  const int rounds = 5;
+  auto* data = static_cast<uint8_t*>(ShmemMalloc(bytes));
+  auto* src = static_cast<uint8_t*>(ShmemMalloc(bytes * (rounds + 1)));
+  auto* flag = static_cast<uint64_t*>(ShmemCalloc(1, 8));
+  auto* bad = static_cast<uint32_t*>(ShmemCalloc(1, 4));
+  ASSERT_TRUE(data && src && flag && bad);
+  std::vector<uint8_t> pattern(bytes * (rounds + 1));
+  for (int r = 1; r <= rounds; ++r) {
+    for (size_t i = 0; i < bytes; ++i) pattern[static_cast<size_t>(r) * bytes + i] = PatternByte(Me(), i, r);
+  }
+  FromHost(src, pattern);
+  ShmemBarrierAll();
+  core::LaunchKernel(FenceKernel, Dim3(1), Dim3(1), 0, nullptr, data, src, bytes, flag, rounds, bad);
+  MORI_CHECK_KERNEL();
+  uint32_t b = 0;
+  ASSERT_EQ(core::GpuMemcpy(&b, bad, 4), core::kGpuSuccess);
+  EXPECT_EQ(b, 0u);
+  ShmemBarrierAll();
+  ShmemFree(bad);
+  ShmemFree(flag);
+  ShmemFree(src);
+  ShmemFree(data);
+}
+
+// A registered buffer outside the heap as put source and get destination.
+MORI_GLOBAL void RegisteredKernel(uint8_t* heapDst, uint8_t* outside, size_t bytes, int pe) {
+  ShmemPutMemNbiThread(heapDst, outside, bytes, pe);
+  ShmemQuietThread();
+  ShmemBarrierAllThread();
+  ShmemGetMemThread(outside + bytes, heapDst, bytes, pe);
+}
+
+TEST(ShmemTest, RegisteredBufferOutsideTheHeap) {
+  const size_t bytes = 50000;
+  auto* heapDst = GuardedBuffer(bytes);
+  core::GpuBuffer outside(2 * bytes);
+  std::vector<uint8_t> pattern(2 * bytes, kGuard);
+  for (size_t i = 0; i < bytes; ++i) pattern[i] = PatternByte(Me(), i, 77);
+  FromHost(outside.Data(), pattern);
+  ASSERT_EQ(ShmemBufferRegister(outside.Data(), 2 * bytes), 0);
+  int right = (Me() + 1) % N(), left = (Me() + N() - 1) % N();
+  core::LaunchKernel(RegisteredKernel, Dim3(1), Dim3(1), 0, nullptr, heapDst, outside.DataAs<uint8_t>(), bytes, right);
+  MORI_CHECK_KERNEL();
+  ShmemBarrierAll();
+  ExpectRegion(ToHost(heapDst, bytes), 0, bytes, left, 77, "put from a registered buffer");
+  auto back = ToHost(outside.DataAs<uint8_t>() + bytes, bytes);
+  // What I got back from my right neighbour's heap is what I had put there.
+  ExpectRegion(back, 0, bytes, Me(), 77, "get into a registered buffer");
+  EXPECT_EQ(ShmemBufferUnregister(outside.Data()), 0);
+  EXPECT_NE(ShmemBufferUnregister(outside.Data()), 0);
+  ShmemFree(heapDst);
+}
+
+MORI_GLOBAL void BarrierKernel(uint64_t* slots, int rounds) {
+  int me = ShmemMyPe(), n = ShmemNPes();
+  for (int r = 1; r <= rounds; ++r) {
+    // Everybody writes round r into its slot on every PE, barrier, then all n slots must show round r.
+    if (core::FlatThreadIdx() == 0) {
+      for (int pe = 0; pe < n; ++pe) ShmemPutTypeImmNbiThread<uint64_t>(&slots[me], static_cast<uint64_t>(r), pe);
+    }
+    ShmemBarrierAllBlock();
+    if (core::FlatThreadIdx() == 0) {
+      for (int pe = 0; pe < n; ++pe) {
+        uint64_t v = core::AtomicLoad(&slots[pe]);
+        MORI_DEVICE_ASSERT(v == static_cast<uint64_t>(r), "barrier round %d: slot of pe %d shows %llu", r, pe,
+                           static_cast<unsigned long long>(v));
+      }
+    }
+    ShmemBarrierAllBlock();
+  }
+}
+
+TEST(ShmemTest, DeviceBarrierSeparatesRounds) {
+  auto* slots = static_cast<uint64_t*>(ShmemCalloc(static_cast<size_t>(N()), 8));
+  ASSERT_NE(slots, nullptr);
+  core::LaunchKernel(BarrierKernel, Dim3(1), Dim3(ThreadsPerBlock()), 0, nullptr, slots, 20);
+  MORI_CHECK_KERNEL();
+  ShmemBarrierAll();
+  ShmemFree(slots);
+}
+
+size_t CountEntries(const char* dir) {
+  size_t n = 0;
+  if (DIR* d = opendir(dir)) {
+    while (readdir(d) != nullptr) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+size_t CountMappings() {
+  std::ifstream maps("/proc/self/maps");
+  size_t n = 0;
+  for (std::string line; std::getline(maps, line);) ++n;
+  return n;
+}
+
+MORI_GLOBAL void TouchKernel(uint64_t* word, uint64_t value) {
+  int n = ShmemNPes();
+  for (int pe = 0; pe < n; ++pe) ShmemAtomicTypeAddThread<uint64_t>(word, value, pe);
+  ShmemQuietThread();
+}
+
+// Init and finalize 50 times: every round allocates, communicates and frees; nothing is left behind.
+// Also a heap size that differs on one PE, which every PE must refuse. Runs last: it re-initialises.
+TEST(ShmemTest, ZzInitFinalizeLoopLeaksNothingAndHeapSizesMustAgree) {
+  ASSERT_EQ(ShmemFinalize(), 0);
+  EXPECT_NE(ShmemFinalize(), 0);
+  EXPECT_EQ(ShmemMalloc(64), nullptr);  // use after finalize: an error, not a crash
+  // Warm-up round so lazily created process-wide things (loaded libraries, thread pools) exist already.
+  ASSERT_EQ(ShmemInit(), 0);
+  ASSERT_EQ(ShmemFinalize(), 0);
+  size_t fds = CountEntries("/proc/self/fd");
+  size_t maps = CountMappings();
+  for (int round = 0; round < 50; ++round) {
+    ASSERT_EQ(ShmemInit(), 0) << "round " << round;
+    auto* w = static_cast<uint64_t*>(ShmemCalloc(1, 8));
+    ASSERT_NE(w, nullptr);
+    core::LaunchKernel(TouchKernel, Dim3(1), Dim3(1), 0, nullptr, w, static_cast<uint64_t>(round + 1));
+    MORI_CHECK_KERNEL();
+    ShmemBarrierAll();
+    uint64_t v = 0;
+    ASSERT_EQ(core::GpuMemcpy(&v, w, 8), core::kGpuSuccess);
+    EXPECT_EQ(v, static_cast<uint64_t>(N()) * static_cast<uint64_t>(round + 1));
+    ShmemFree(w);
+    ASSERT_EQ(ShmemFinalize(), 0);
+  }
+  EXPECT_EQ(CountEntries("/proc/self/fd"), fds) << "file descriptors leaked";
+  EXPECT_LE(CountMappings(), maps + 4) << "mappings leaked";
+
+  if (N() > 1) {
+    std::string saved = std::getenv("MORI_SHMEM_HEAP_SIZE") ? std::getenv("MORI_SHMEM_HEAP_SIZE") : "";
+    setenv("MORI_SHMEM_HEAP_SIZE", Me() == 1 ? "96m" : "64m", 1);
+    EXPECT_NE(ShmemInit(), 0) << "a heap size that differs on PE 1 must be refused on every PE";
+    if (saved.empty()) {
+      unsetenv("MORI_SHMEM_HEAP_SIZE");
+    } else {
+      setenv("MORI_SHMEM_HEAP_SIZE", saved.c_str(), 1);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  ASSERT_EQ(ShmemInit(), 0);
+}
+
+class ShmemEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override { ASSERT_EQ(ShmemInit(), 0); }
+  void TearDown() override { EXPECT_EQ(ShmemFinalize(), 0); }
+};
+
+[[maybe_unused]] ::testing::Environment* const kShmemEnv = ::testing::AddGlobalTestEnvironment(new ShmemEnvironment);
+
+}  // namespace
+}  // namespace mori::shmem
