@@ -1,0 +1,211 @@
+// SHMEM in one process (a job of one, or two processes forked with a unique id): the allocator, bad input
+// on host and device (a clear message that names the cause, never a crash or corruption), a peer that dies,
+// and every family on the Self transport.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "../common/test_util.hpp"
+#include "mori/core/gpu.hpp"
+#include "mori/core/kernel.hpp"
+#include "mori/shmem/shmem_api.hpp"
+#include "mori/shmem/shmem_device_api.hpp"
+#include "symmetric_heap.hpp"
+
+namespace mori::shmem {
+namespace {
+
+using core::Dim3;
+
+TEST(SymmetricAllocatorTest, AlignsSplitsAndCoalescesBothSides) {
+  SymmetricAllocator a(4096, 4096 + (1 << 20));
+  auto x = a.Allocate(100, 64);
+  auto y = a.Allocate(5000, 4096);
+  auto z = a.Allocate(1, 1);
+  ASSERT_TRUE(x && y && z);
+  EXPECT_EQ(*x, 4096u);
+  EXPECT_EQ(*y % 4096, 0u);
+  EXPECT_EQ(*a.SizeAt(*x), 128u);  // rounded to the granularity
+  EXPECT_FALSE(a.SizeAt(*x + 64).has_value());
+  uint64_t freeBefore = a.FreeBytes();
+  EXPECT_TRUE(a.Free(*y));
+  EXPECT_FALSE(a.Free(*y)) << "double free must be refused";
+  EXPECT_TRUE(a.Free(*x));
+  EXPECT_TRUE(a.Free(*z));
+  EXPECT_EQ(a.Allocations(), 0u);
+  EXPECT_EQ(a.LargestFree(), a.FreeBytes()) << "all ranges merged back into one";
+  EXPECT_GT(a.FreeBytes(), freeBefore);
+  EXPECT_FALSE(a.Allocate(a.FreeBytes() + 1, 64).has_value());
+  EXPECT_FALSE(a.Allocate(0, 64).has_value());
+  EXPECT_THROW(a.Allocate(64, 48), core::Error);
+  // Fragmentation: every other block freed, then a request that needs two neighbours fails until they merge.
+  std::vector<uint64_t> blocks;
+  while (auto b = a.Allocate(1 << 16, 64)) blocks.push_back(*b);
+  ASSERT_GE(blocks.size(), 8u);
+  for (size_t i = 0; i < blocks.size(); i += 2) EXPECT_TRUE(a.Free(blocks[i]));
+  EXPECT_FALSE(a.Allocate(2 << 16, 64).has_value());
+  EXPECT_TRUE(a.Free(blocks[1]));
+  auto merged = a.Allocate(3 << 16, 64);
+  ASSERT_TRUE(merged.has_value());
+  EXPECT_EQ(*merged, blocks[0]);
+}
+
+// A kernel that does one bad thing, chosen by `what`.
+MORI_GLOBAL void BadKernel(int what, uint8_t* heapPtr, size_t bytes) {
+  uint8_t local[16] = {1, 2, 3};
+  switch (what) {
+    case 0: ShmemPutMemNbiThread(heapPtr, local, 8, 0); break;          // before init / after finalize
+    case 1: ShmemPutMemNbiThread(heapPtr, local, 8, 5); break;          // pe out of range
+    case 2: ShmemPutMemNbiThread(local, heapPtr, 8, 0); break;          // destination outside the heap
+    case 3: ShmemPutMemNbiThread(heapPtr, heapPtr, bytes, 0); break;    // size beyond the heap
+    case 4: ShmemAtomicTypeFetchAddThread<uint64_t>(reinterpret_cast<uint64_t*>(heapPtr + 4), 1, 0); break;  // unaligned
+    case 5: ShmemWaitUntil<uint64_t>(reinterpret_cast<uint64_t*>(heapPtr), CmpOp::EQ, 42); break;  // never comes
+  }
+}
+
+// Runs BadKernel and returns what it printed; the launch must fail.
+std::string RunBad(int what, uint8_t* heapPtr, size_t bytes) {
+  ::testing::internal::CaptureStderr();
+  core::LaunchKernel(BadKernel, Dim3(1), Dim3(1), 0, nullptr, what, heapPtr, bytes);
+  core::GpuStatus launch = core::GpuGetLastError();
+  core::GpuStatus sync = core::GpuDeviceSynchronize();
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(launch != core::kGpuSuccess || sync != core::kGpuSuccess) << "the kernel should have trapped";
+  return err;
+}
+
+class ShmemSingleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!MORI_BACKEND_HOST) GTEST_SKIP() << "device traps end the GPU context; the HOST backend tests them";
+    setenv("MORI_SHMEM_HEAP_SIZE", "8m", 1);
+  }
+};
+
+TEST_F(ShmemSingleTest, DeviceBadInputTrapsWithTheCause) {
+  uint8_t dummy[64];
+  EXPECT_NE(RunBad(0, dummy, 8).find("before ShmemInit"), std::string::npos);
+  ASSERT_EQ(ShmemInit(), 0);
+  EXPECT_EQ(ShmemNPes(), 1);
+  auto* p = static_cast<uint8_t*>(ShmemMalloc(4096));
+  ASSERT_NE(p, nullptr);
+  std::string e = RunBad(1, p, 8);
+  EXPECT_NE(e.find("target pe 5 is not in [0, 1)"), std::string::npos) << e;
+  e = RunBad(2, p, 8);
+  EXPECT_NE(e.find("is not inside the symmetric heap"), std::string::npos) << e;
+  e = RunBad(3, p, ShmemHeapBytes() + 1);
+  EXPECT_NE(e.find("is not inside the symmetric heap"), std::string::npos) << e;
+  e = RunBad(4, p, 8);
+  EXPECT_NE(e.find("is not aligned to 8 bytes"), std::string::npos) << e;
+  ASSERT_EQ(ShmemFinalize(), 0);
+  setenv("MORI_TIMEOUT_S", "1", 1);
+  ASSERT_EQ(ShmemInit(), 0);
+  p = static_cast<uint8_t*>(ShmemCalloc(1, 64));
+  e = RunBad(5, p, 8);
+  EXPECT_NE(e.find("waited"), std::string::npos) << e;
+  unsetenv("MORI_TIMEOUT_S");
+  ASSERT_EQ(ShmemFinalize(), 0);
+  e = RunBad(0, p, 8);
+  EXPECT_NE(e.find("after ShmemFinalize"), std::string::npos) << e;
+}
+
+TEST_F(ShmemSingleTest, HostBadInputIsAnErrorCode) {
+  EXPECT_EQ(ShmemMalloc(64), nullptr);
+  EXPECT_NE(ShmemFinalize(), 0);
+  ASSERT_EQ(ShmemInit(), 0);
+  EXPECT_NE(ShmemInit(), 0) << "a second init is refused";
+  int x = 0;
+  ShmemFree(&x);  // logged, not fatal
+  EXPECT_EQ(ShmemMallocAlign(3, 64), nullptr) << "alignment that is not a power of two";
+  EXPECT_EQ(ShmemCalloc(SIZE_MAX / 2, 4), nullptr);
+  EXPECT_EQ(ShmemPtr(&x, 0), nullptr);
+  mori_shmem_init_attr_t attr;
+  EXPECT_NE(ShmemInitAttr(99, &attr), 0);
+  EXPECT_NE(ShmemSetAttrUniqueIdArgs(3, 2, nullptr, &attr), 0);
+  EXPECT_NE(ShmemBufferUnregister(&x), 0);
+  void* p = ShmemMalloc(128);
+  EXPECT_NE(p, nullptr);
+  ShmemFree(p);
+  ASSERT_EQ(ShmemFinalize(), 0);
+  setenv("MORI_SHMEM_TRANSPORT", "proxy", 1);
+  EXPECT_NE(ShmemInit(), 0) << "the Proxy transport does not exist in this build";
+  unsetenv("MORI_SHMEM_TRANSPORT");
+}
+
+// Every family against the calling PE itself.
+MORI_GLOBAL void SelfKernel(uint8_t* dst, const uint8_t* src, size_t bytes, uint64_t* sig, uint64_t* counter,
+                            uint32_t* out) {
+  int me = ShmemMyPe();
+  ShmemPutMemNbiSignalThread(dst, src, bytes, sig, 7, SignalOp::Set, me);
+  ShmemSignalWaitUntil(sig, CmpOp::EQ, 7);
+  ShmemAtomicTypeAddThread<uint64_t>(counter, 5, me);
+  out[0] = static_cast<uint32_t>(ShmemAtomicTypeFetchAddThread<uint64_t>(counter, 1, me));
+  out[1] = static_cast<uint32_t>(ShmemAtomicTypeCompareSwapThread<uint64_t>(counter, 6, 100, me));
+  out[2] = static_cast<uint32_t>(ShmemGetTypeImmThread<uint64_t>(counter, me));
+  ShmemQuietThread();
+  ShmemBarrierAllThread();
+}
+
+TEST_F(ShmemSingleTest, EveryFamilyOnTheSelfTransport) {
+  ASSERT_EQ(ShmemInit(), 0);
+  EXPECT_EQ(ShmemTransportType(0), TransportType::Self);
+  const size_t bytes = 1234;
+  auto* dst = static_cast<uint8_t*>(ShmemCalloc(1, bytes));
+  auto* src = static_cast<uint8_t*>(ShmemMalloc(bytes));
+  auto* sig = static_cast<uint64_t*>(ShmemCalloc(1, 8));
+  auto* counter = static_cast<uint64_t*>(ShmemCalloc(1, 8));
+  auto* out = static_cast<uint32_t*>(ShmemCalloc(3, 4));
+  std::vector<uint8_t> pattern(bytes);
+  core::test::FillPattern(pattern.data(), bytes, 0, 9);
+  ASSERT_EQ(core::GpuMemcpy(src, pattern.data(), bytes), core::kGpuSuccess);
+  core::LaunchKernel(SelfKernel, Dim3(1), Dim3(1), 0, nullptr, dst, src, bytes, sig, counter, out);
+  ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+  std::vector<uint8_t> got(bytes);
+  ASSERT_EQ(core::GpuMemcpy(got.data(), dst, bytes), core::kGpuSuccess);
+  EXPECT_EQ(core::test::FirstPatternMismatch(got.data(), bytes, 0, 9), bytes);
+  uint32_t o[3];
+  ASSERT_EQ(core::GpuMemcpy(o, out, sizeof(o)), core::kGpuSuccess);
+  EXPECT_EQ(o[0], 5u);
+  EXPECT_EQ(o[1], 6u);
+  EXPECT_EQ(o[2], 100u);
+  ASSERT_EQ(ShmemFinalize(), 0);
+}
+
+// Two processes started from a unique id; the second dies after init. The first learns it within
+// MORI_TIMEOUT_S, from a message that names the dead PE, and neither hangs nor crashes.
+TEST_F(ShmemSingleTest, UniqueIdInitAndAPeerThatDies) {
+  setenv("MORI_TIMEOUT_S", "3", 1);
+  mori_shmem_uniqueid_t uid;
+  ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    mori_shmem_init_attr_t attr;
+    if (ShmemSetAttrUniqueIdArgs(1, 2, &uid, &attr) != 0 || ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) != 0) {
+      _exit(2);
+    }
+    _exit(ShmemMyPe() == 1 && ShmemNPes() == 2 ? 0 : 3);  // dies without finalize
+  }
+  mori_shmem_init_attr_t attr;
+  ASSERT_EQ(ShmemSetAttrUniqueIdArgs(0, 2, &uid, &attr), 0);
+  ASSERT_EQ(ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr), 0);
+  EXPECT_EQ(ShmemMyPe(), 0);
+  EXPECT_EQ(ShmemNPes(), 2);
+  EXPECT_EQ(ShmemTransportType(1), TransportType::P2P);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  ::testing::internal::CaptureStderr();
+  ShmemBarrierAll();
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
+  unsetenv("MORI_TIMEOUT_S");
+}
+
+}  // namespace
+}  // namespace mori::shmem
