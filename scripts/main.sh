@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job: installs what is needed, builds mori and runs a real multi-process program.
-# With an NVIDIA GPU (and nvcc) it builds the CUDA backend and runs one process per GPU; otherwise it
-# builds the HOST backend and runs four processes. The program bootstraps through mpirun, maps the
-# memory of same-host peers and has each process's kernel write into its neighbour's; then mori-info
+# The main job: installs what is needed, builds mori and runs real multi-process SHMEM programs.
+# With an NVIDIA GPU (and nvcc) it builds the CUDA backend and runs one PE per GPU; otherwise it builds
+# the HOST backend and runs four PEs. Each kernel moves data with the SHMEM device API: an all-to-all with
+# put-with-signal through the RDMA transport (IBGDA on the emulated NIC when there is no real one), then a
+# ring all-gather over the transport mori picks (P2P on one host); both verify every byte. Then mori-info
 # reports what this machine offers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,10 @@ fi
 build=build-main-${backend,,}
 cmake -S . -B "$build" -G Ninja -DMORI_GPU_BACKEND=$backend -DMORI_BUILD_TESTS=OFF -DMORI_BUILD_BENCH=OFF >/dev/null
 cmake --build "$build" --parallel
-echo "== ring_exchange: $ranks processes, $backend backend"
-mpirun --oversubscribe -np "$ranks" "$build/examples/core/ring_exchange" 64m
+echo "== shmem_all_to_all: $ranks PEs, $backend backend, RDMA transport (IBGDA)"
+mpirun --oversubscribe -np "$ranks" -x MORI_SHMEM_TRANSPORT=rdma -x MORI_SHMEM_HEAP_SIZE=512m \
+  "$build/examples/shmem/shmem_all_to_all" 4m
+echo "== shmem_ring_allgather: $ranks PEs, $backend backend, transport chosen per pair"
+mpirun --oversubscribe -np "$ranks" -x MORI_SHMEM_HEAP_SIZE=512m "$build/examples/shmem/shmem_ring_allgather" 16m
 echo "== mori-info"
 "$build/tools/mori-info"
