@@ -114,10 +114,5 @@ int Run(int argc, char** argv) {
 }  // namespace mori_example
 
 int main(int argc, char** argv) {
-  try {
-    return mori_example::Run(argc, argv);
-  } catch (const mori::core::Error& e) {
-    std::fprintf(stderr, "shmem_all_to_all: %s\n", e.what());
-    return 1;
-  }
+  return mori_example::ExampleMain("shmem_all_to_all", mori_example::Run, argc, argv);
 }

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #include "mori/core/errors.hpp"
@@ -94,6 +95,16 @@ inline void InitOrThrow() {
 
 inline void FinalizeOrThrow() {
   MORI_CHECK(shmem::ShmemFinalize() == 0, core::ErrorCode::InvalidUsage, "ShmemFinalize failed");
+}
+
+// main() of every example: runs `run`, turning a mori error into its message and exit code 1.
+inline int ExampleMain(const char* name, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const mori::core::Error& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
 }
 
 }  // namespace mori_example

@@ -116,10 +116,5 @@ int Run(int argc, char** argv) {
 }  // namespace mori_example
 
 int main(int argc, char** argv) {
-  try {
-    return mori_example::Run(argc, argv);
-  } catch (const mori::core::Error& e) {
-    std::fprintf(stderr, "shmem_ring_allgather: %s\n", e.what());
-    return 1;
-  }
+  return mori_example::ExampleMain("shmem_ring_allgather", mori_example::Run, argc, argv);
 }

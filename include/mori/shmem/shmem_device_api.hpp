@@ -139,6 +139,19 @@ MORI_DEVICE_INLINE T AtomicOpImpl(const char* op, T* dest, int pe, Local local, 
   return NicReadModifyWrite<T>(s, pe, offset, update);
 }
 
+// 8-byte atomics the NIC performs natively (fetch-add, compare-swap): whether this call takes that path,
+// with the checked heap offset of dest in *offset.
+template <typename T>
+MORI_DEVICE_INLINE bool NativeNicAtomic(const ShmemDeviceState& s, const char* op, T* dest, int pe, uint64_t* offset) {
+  if (sizeof(T) != 8 || s.magic != kShmemStateMagic || pe < 0 || pe >= s.nPes || !AtomicsViaNic(s, pe) ||
+      TransportOf(s, pe) == TransportType::Proxy) {
+    return false;  // the general path serves it (and reports what is wrong)
+  }
+  *offset = HeapOffset(s, op, pe, dest, sizeof(T));
+  CheckAtomicTarget(s, op, pe, dest);
+  return true;
+}
+
 }  // namespace detail
 
 // ---- put ----
@@ -262,14 +275,10 @@ MORI_DEVICE_INLINE uint64_t ShmemSignalWaitUntil(uint64_t* sigAddr, CmpOp cmp, u
 template <typename T>
 MORI_DEVICE_INLINE T ShmemAtomicTypeFetchAddThread(T* dest, T value, int pe) {
   const ShmemDeviceState& s = detail::State();
-  if constexpr (sizeof(T) == 8) {
-    if (s.magic == kShmemStateMagic && pe >= 0 && pe < s.nPes && detail::AtomicsViaNic(s, pe) &&
-        detail::TransportOf(s, pe) != TransportType::Proxy) {
-      uint64_t offset = detail::HeapOffset(s, "ShmemAtomicTypeFetchAddThread", pe, dest, sizeof(T));
-      detail::CheckAtomicTarget(s, "ShmemAtomicTypeFetchAddThread", pe, dest);
-      return static_cast<T>(detail::NicAtomic64(s, pe, offset, rdma::AtomicOp::FetchAdd, static_cast<uint64_t>(value),
-                                                0, true));
-    }
+  uint64_t offset = 0;
+  if (detail::NativeNicAtomic(s, "ShmemAtomicTypeFetchAddThread", dest, pe, &offset)) {
+    return static_cast<T>(detail::NicAtomic64(s, pe, offset, rdma::AtomicOp::FetchAdd, static_cast<uint64_t>(value), 0,
+                                              true));
   }
   return detail::AtomicOpImpl(
       "ShmemAtomicTypeFetchAddThread", dest, pe,
@@ -284,14 +293,10 @@ MORI_DEVICE_INLINE T ShmemAtomicTypeFetchAddThread(T* dest, T value, int pe) {
 template <typename T>
 MORI_DEVICE_INLINE void ShmemAtomicTypeAddThread(T* dest, T value, int pe) {
   const ShmemDeviceState& s = detail::State();
-  if constexpr (sizeof(T) == 8) {
-    if (s.magic == kShmemStateMagic && pe >= 0 && pe < s.nPes && detail::AtomicsViaNic(s, pe) &&
-        detail::TransportOf(s, pe) != TransportType::Proxy) {
-      uint64_t offset = detail::HeapOffset(s, "ShmemAtomicTypeAddThread", pe, dest, sizeof(T));
-      detail::CheckAtomicTarget(s, "ShmemAtomicTypeAddThread", pe, dest);
-      detail::NicAtomic64(s, pe, offset, rdma::AtomicOp::FetchAdd, static_cast<uint64_t>(value), 0, false);
-      return;
-    }
+  uint64_t offset = 0;
+  if (detail::NativeNicAtomic(s, "ShmemAtomicTypeAddThread", dest, pe, &offset)) {
+    detail::NicAtomic64(s, pe, offset, rdma::AtomicOp::FetchAdd, static_cast<uint64_t>(value), 0, false);
+    return;
   }
   ShmemAtomicTypeFetchAddThread<T>(dest, value, pe);
 }
@@ -304,14 +309,10 @@ MORI_DEVICE_INLINE T ShmemAtomicTypeFetchIncThread(T* dest, int pe) {
 template <typename T>
 MORI_DEVICE_INLINE T ShmemAtomicTypeCompareSwapThread(T* dest, T cond, T value, int pe) {
   const ShmemDeviceState& s = detail::State();
-  if constexpr (sizeof(T) == 8) {
-    if (s.magic == kShmemStateMagic && pe >= 0 && pe < s.nPes && detail::AtomicsViaNic(s, pe) &&
-        detail::TransportOf(s, pe) != TransportType::Proxy) {
-      uint64_t offset = detail::HeapOffset(s, "ShmemAtomicTypeCompareSwapThread", pe, dest, sizeof(T));
-      detail::CheckAtomicTarget(s, "ShmemAtomicTypeCompareSwapThread", pe, dest);
-      return static_cast<T>(detail::NicAtomic64(s, pe, offset, rdma::AtomicOp::CompareSwap,
-                                                static_cast<uint64_t>(value), static_cast<uint64_t>(cond), true));
-    }
+  uint64_t offset = 0;
+  if (detail::NativeNicAtomic(s, "ShmemAtomicTypeCompareSwapThread", dest, pe, &offset)) {
+    return static_cast<T>(detail::NicAtomic64(s, pe, offset, rdma::AtomicOp::CompareSwap, static_cast<uint64_t>(value),
+                                              static_cast<uint64_t>(cond), true));
   }
   return detail::AtomicOpImpl(
       "ShmemAtomicTypeCompareSwapThread", dest, pe,
