@@ -1,0 +1,313 @@
+// What shmem_bench (mori) and nvshmem_bench (NVSHMEM) share: the command line, the iteration counts, the
+// data pattern and the output (one machine-readable line per measurement, human tables, CSV rows
+// `bench,impl,size,blocks,value,unit`). Both programs print through this header so that compare_shmem.py
+// can join their rows. Standard library only: nvshmem_bench does not link mori.
+#pragma once
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace mori::bench {
+
+// Defaults differ between a GPU and the HOST backend, where every "GPU thread" is an OS thread.
+struct Machine {
+  bool hostThreads;  // true on mori's HOST backend
+};
+
+struct Options {
+  bool putBw = false;
+  bool pLatency = false;
+  bool signalLatency = false;
+  size_t minBytes = 1024;
+  size_t maxBytes = 0;
+  std::vector<unsigned> blocks;
+  unsigned threads = 0;        // per block, put_bw
+  unsigned signalThreads = 0;  // per block, block-scope put-with-signal ping-pong
+  int iters = 0;               // 0: the per-benchmark default below
+  int warmup = -1;             // -1: a tenth of the iterations
+  std::string csv;
+};
+
+inline const char* Usage() {
+  return "usage: mpirun -np 2 PROGRAM [put_bw|p_latency|signal_latency|all] [--min SIZE] [--max SIZE]\n"
+         "           [--blocks N,N,...] [--threads N] [--signal-threads N] [--iters N] [--warmup N] [--csv FILE]\n"
+         "  Defaults: --min 1k --max 256m --blocks 1,8,32,132 --threads 1024 --signal-threads 512\n"
+         "  (HOST backend: --max 1m --blocks 1,2,4 --threads 4 --signal-threads 4).\n"
+         "  SIZE takes k, m, g suffixes (powers of 1024). PE 0 initiates, PE 1 is the target.\n"
+         "  put_bw: `blocks` blocks put SIZE bytes together (block scope), for each power of two in [min, max].\n"
+         "  p_latency: single-value put ping-pong; signal_latency: put-with-signal ping-pong, 8 B / 4 KiB / 64 KiB.\n"
+         "  --iters: iterations of every measurement (default: by size, see shmem_bench_common.hpp).\n";
+}
+
+[[noreturn]] inline void UsageError(const std::string& what) {
+  std::fprintf(stderr, "%s\n%s", what.c_str(), Usage());
+  std::exit(2);
+}
+
+inline size_t ParseSize(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (end == text.c_str() || errno != 0) UsageError("not a size: '" + text + "'");
+  std::string suffix(end);
+  for (char& c : suffix) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  unsigned long long scale = 1;
+  if (suffix.empty() || suffix == "b") {
+    scale = 1;
+  } else if (suffix == "k" || suffix == "kb" || suffix == "kib") {
+    scale = 1ull << 10;
+  } else if (suffix == "m" || suffix == "mb" || suffix == "mib") {
+    scale = 1ull << 20;
+  } else if (suffix == "g" || suffix == "gb" || suffix == "gib") {
+    scale = 1ull << 30;
+  } else {
+    UsageError("not a size: '" + text + "'");
+  }
+  return static_cast<size_t>(v * scale);
+}
+
+inline long ParsePositive(const std::string& text, const char* what) {
+  char* end = nullptr;
+  long v = std::strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || v <= 0) UsageError(std::string(what) + " must be a positive integer");
+  return v;
+}
+
+inline std::vector<unsigned> ParseList(const std::string& text) {
+  std::vector<unsigned> out;
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t comma = text.find(',', at);
+    if (comma == std::string::npos) comma = text.size();
+    out.push_back(static_cast<unsigned>(ParsePositive(text.substr(at, comma - at), "--blocks entry")));
+    at = comma + 1;
+  }
+  return out;
+}
+
+inline Options ParseOptions(int argc, char** argv, Machine m) {
+  Options o;
+  o.maxBytes = m.hostThreads ? (size_t(1) << 20) : (size_t(256) << 20);
+  o.blocks = m.hostThreads ? std::vector<unsigned>{1, 2, 4} : std::vector<unsigned>{1, 8, 32, 132};
+  o.threads = m.hostThreads ? 4 : 1024;
+  // 512, not 1024: the block-scope put-with-signal kernel needs about 64 registers per thread, the most that
+  // 1024 threads can have.
+  o.signalThreads = m.hostThreads ? 4 : 512;
+  std::string which = "all";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) UsageError(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--min") {
+      o.minBytes = ParseSize(value());
+    } else if (a == "--max") {
+      o.maxBytes = ParseSize(value());
+    } else if (a == "--blocks") {
+      o.blocks = ParseList(value());
+    } else if (a == "--threads") {
+      o.threads = static_cast<unsigned>(ParsePositive(value(), "--threads"));
+    } else if (a == "--signal-threads") {
+      o.signalThreads = static_cast<unsigned>(ParsePositive(value(), "--signal-threads"));
+    } else if (a == "--iters") {
+      o.iters = static_cast<int>(ParsePositive(value(), "--iters"));
+    } else if (a == "--warmup") {
+      std::string v = value();
+      o.warmup = v == "0" ? 0 : static_cast<int>(ParsePositive(v, "--warmup"));
+    } else if (a == "--csv") {
+      o.csv = value();
+    } else if (a == "-h" || a == "--help") {
+      std::fputs(Usage(), stdout);
+      std::exit(0);
+    } else if (!a.empty() && a[0] != '-') {
+      which = a;
+    } else {
+      UsageError("unknown option '" + a + "'");
+    }
+  }
+  if (which == "all") {
+    o.putBw = o.pLatency = o.signalLatency = true;
+  } else if (which == "put_bw") {
+    o.putBw = true;
+  } else if (which == "p_latency") {
+    o.pLatency = true;
+  } else if (which == "signal_latency") {
+    o.signalLatency = true;
+  } else {
+    UsageError("unknown benchmark '" + which + "'");
+  }
+  if (o.minBytes == 0 || o.minBytes > o.maxBytes) UsageError("need 0 < --min <= --max");
+  return o;
+}
+
+// Sizes of put_bw: min, 2 min, 4 min, ... up to max.
+inline std::vector<size_t> PutSizes(const Options& o) {
+  std::vector<size_t> out;
+  for (size_t s = o.minBytes; s <= o.maxBytes; s *= 2) out.push_back(s);
+  return out;
+}
+
+// The put-with-signal message sizes of the issue.
+inline std::vector<size_t> SignalSizes() { return {8, 4096, 65536}; }
+
+// put_bw iterations: enough bytes that one launch (about 5 us) is noise, few enough that 256 MiB takes
+// milliseconds, not seconds.
+inline int PutBwIters(const Options& o, Machine m, size_t size) {
+  if (o.iters > 0) return o.iters;
+  const double budget = m.hostThreads ? 64.0 * (1 << 20) : 4.0 * (1u << 30);
+  const int lo = m.hostThreads ? 3 : 10, hi = m.hostThreads ? 50 : 1000;
+  return std::clamp(static_cast<int>(budget / static_cast<double>(size)), lo, hi);
+}
+
+// Ping-pong iterations: fewer for large messages (a thread-scope 64 KiB put is one thread's copy).
+inline int LatencyIters(const Options& o, Machine m, size_t size) {
+  if (o.iters > 0) return o.iters;
+  const int base = m.hostThreads ? 200 : 10000;
+  const int floor = std::min(base, 100);
+  return std::max(floor, static_cast<int>(static_cast<long long>(base) * 4096 / std::max<size_t>(size, 4096)));
+}
+
+inline int WarmupIters(const Options& o, int iters) { return o.warmup >= 0 ? o.warmup : std::max(1, iters / 10); }
+
+// Source bytes: never zero (destinations are cleared to zero before a measurement), different per PE.
+inline uint8_t PatternByte(int pe, size_t i) {
+  return static_cast<uint8_t>((i * 7 + static_cast<size_t>(pe) * 13) % 251 + 1);
+}
+
+inline std::vector<uint8_t> Pattern(int pe, size_t bytes) {
+  std::vector<uint8_t> out(bytes);
+  for (size_t i = 0; i < bytes; ++i) out[i] = PatternByte(pe, i);
+  return out;
+}
+
+// Index of the first byte of `got` that is not the pattern of `pe`, or SIZE_MAX.
+inline size_t FirstMismatch(const std::vector<uint8_t>& got, int pe) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != PatternByte(pe, i)) return i;
+  }
+  return SIZE_MAX;
+}
+
+inline std::string HumanSize(size_t bytes) {
+  char buf[32];
+  if (bytes >= (size_t(1) << 30) && bytes % (size_t(1) << 30) == 0) {
+    std::snprintf(buf, sizeof(buf), "%zu GiB", bytes >> 30);
+  } else if (bytes >= (size_t(1) << 20) && bytes % (size_t(1) << 20) == 0) {
+    std::snprintf(buf, sizeof(buf), "%zu MiB", bytes >> 20);
+  } else if (bytes >= 1024 && bytes % 1024 == 0) {
+    std::snprintf(buf, sizeof(buf), "%zu KiB", bytes >> 10);
+  } else {
+    std::snprintf(buf, sizeof(buf), "%zu B", bytes);
+  }
+  return buf;
+}
+
+// Bench names, also the first CSV column.
+constexpr const char* kPutBw = "put_bw";
+constexpr const char* kPLatency = "p_latency";
+constexpr const char* kSignalThread = "signal_latency_thread";
+constexpr const char* kSignalBlock = "signal_latency_block";
+
+struct Row {
+  std::string bench;
+  size_t size;
+  unsigned blocks;
+  double value;
+  std::string unit;  // GBps or us
+};
+
+// Collects the measurements of one program (PE 0 prints), one line each as they are taken.
+class Report {
+ public:
+  explicit Report(std::string impl) : impl_(std::move(impl)) {}
+
+  void Add(const char* bench, size_t size, unsigned blocks, int iters, double value, const char* unit) {
+    rows_.push_back(Row{bench, size, blocks, value, unit});
+    std::printf("%s impl=%s size=%zu blocks=%u iters=%d %s=%.3f\n", bench, impl_.c_str(), size, blocks, iters, unit,
+                value);
+    std::fflush(stdout);
+  }
+
+  const Row* Find(const std::string& bench, size_t size, unsigned blocks) const {
+    for (const Row& r : rows_) {
+      if (r.bench == bench && r.size == size && r.blocks == blocks) return &r;
+    }
+    return nullptr;
+  }
+
+  void PrintPutBwTable(const Options& o, const std::string& setting) const {
+    std::printf("\nput_bw (%s), GB/s = size x iterations / time; %s\n", impl_.c_str(), setting.c_str());
+    std::printf("%10s", "size");
+    for (unsigned b : o.blocks) std::printf(" %11s", ("blocks=" + std::to_string(b)).c_str());
+    std::printf(" %9s\n", "best");
+    for (size_t size : PutSizes(o)) {
+      double best = 0;
+      std::printf("%10s", HumanSize(size).c_str());
+      for (unsigned b : o.blocks) {
+        const Row* r = Find(kPutBw, size, b);
+        if (r == nullptr) {
+          std::printf(" %11s", "-");
+          continue;
+        }
+        best = std::max(best, r->value);
+        std::printf(" %11.2f", r->value);
+      }
+      std::printf(" %9.2f\n", best);
+    }
+    std::fflush(stdout);
+  }
+
+  void PrintLatencyTable(unsigned signalThreads) const {
+    std::printf("\nping-pong latency (%s), half round trip in us\n", impl_.c_str());
+    if (const Row* r = Find(kPLatency, 8, 1)) std::printf("  single-value put (8 B, one thread): %.3f us\n", r->value);
+    bool any = false;
+    for (size_t size : SignalSizes()) any = any || Find(kSignalThread, size, 1) || Find(kSignalBlock, size, 1);
+    if (!any) return;
+    std::printf("  put-with-signal %10s %12s %12s\n", "size", "thread",
+                ("block(" + std::to_string(signalThreads) + ")").c_str());
+    for (size_t size : SignalSizes()) {
+      const Row* t = Find(kSignalThread, size, 1);
+      const Row* b = Find(kSignalBlock, size, 1);
+      std::printf("                  %10s %12s %12s\n", HumanSize(size).c_str(), t ? Fixed(t->value).c_str() : "-",
+                  b ? Fixed(b->value).c_str() : "-");
+    }
+    std::fflush(stdout);
+  }
+
+  // Returns false (after a message) when the file cannot be written.
+  bool WriteCsv(const std::string& path) const {
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+      return false;
+    }
+    std::fprintf(f, "bench,impl,size,blocks,value,unit\n");
+    for (const Row& r : rows_) {
+      std::fprintf(f, "%s,%s,%zu,%u,%.4f,%s\n", r.bench.c_str(), impl_.c_str(), r.size, r.blocks, r.value,
+                   r.unit.c_str());
+    }
+    bool ok = std::fclose(f) == 0;
+    if (ok) std::printf("\nwrote %zu rows to %s\n", rows_.size(), path.c_str());
+    return ok;
+  }
+
+ private:
+  static std::string Fixed(double v) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.3f", v);
+    return buf;
+  }
+
+  std::string impl_;
+  std::vector<Row> rows_;
+};
+
+}  // namespace mori::bench
