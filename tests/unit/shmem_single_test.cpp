@@ -207,5 +207,88 @@ TEST_F(ShmemSingleTest, UniqueIdInitAndAPeerThatDies) {
   unsetenv("MORI_TIMEOUT_S");
 }
 
+// Two PEs forked from one unique id exchange data with every family over a forced transport. Runs under
+// the sanitizers too (the mpirun suite cannot: Open MPI is not TSan-clean).
+MORI_GLOBAL void PairKernel(uint8_t* dst, const uint8_t* src, size_t bytes, uint64_t* sig, uint64_t* counter,
+                            uint32_t* counter32, uint32_t* bad) {
+  int me = ShmemMyPe(), peer = 1 - me;
+  unsigned t = core::FlatThreadIdx(), n = core::FlatBlockDim();
+  size_t chunk = bytes / n;
+  ShmemPutMemNbiThread(dst + t * chunk, src + t * chunk, chunk, peer);
+  for (int i = 0; i < 25; ++i) {
+    ShmemAtomicTypeFetchAddThread<uint64_t>(counter, 1, peer);
+    ShmemAtomicTypeAddThread<uint32_t>(counter32, 2, 0);
+  }
+  ShmemQuietThread();
+  core::SyncThreads();
+  if (t == 0) ShmemSignalOpThread(sig, 1, SignalOp::Add, peer);
+  if (t == 0) ShmemSignalWaitUntil(sig, CmpOp::EQ, 1);
+  core::SyncThreads();
+  const volatile uint8_t* got = dst;
+  for (size_t i = t * chunk; i < (t + 1) * chunk; ++i) {
+    if (got[i] != core::test::PatternByte(peer, i, 5)) {
+      core::AtomicFetchAdd(bad, 1u);
+      break;
+    }
+  }
+  ShmemBarrierAllBlock();
+}
+
+int RunPair(const mori_shmem_uniqueid_t& uid, int rank) {
+  mori_shmem_uniqueid_t id = uid;
+  mori_shmem_init_attr_t attr;
+  if (ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) != 0 || ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) != 0) {
+    return 10;
+  }
+  const unsigned threads = 4;
+  const size_t bytes = threads * 4099;
+  auto* dst = static_cast<uint8_t*>(ShmemCalloc(1, bytes));
+  auto* src = static_cast<uint8_t*>(ShmemMalloc(bytes));
+  auto* words = static_cast<uint64_t*>(ShmemCalloc(4, 8));
+  auto* bad = static_cast<uint32_t*>(ShmemCalloc(1, 4));
+  if (!dst || !src || !words || !bad) return 11;
+  std::vector<uint8_t> pattern(bytes);
+  core::test::FillPattern(pattern.data(), bytes, rank, 5);
+  if (core::GpuMemcpy(src, pattern.data(), bytes) != core::kGpuSuccess) return 12;
+  ShmemBarrierAll();
+  core::LaunchKernel(PairKernel, Dim3(1), Dim3(threads), 0, nullptr, dst, src, bytes, &words[0], &words[1],
+                     reinterpret_cast<uint32_t*>(&words[2]), bad);
+  if (core::GpuDeviceSynchronize() != core::kGpuSuccess) return 13;
+  ShmemBarrierAll();
+  uint64_t w[4];
+  uint32_t b = 0;
+  if (core::GpuMemcpy(w, words, sizeof(w)) != core::kGpuSuccess || core::GpuMemcpy(&b, bad, 4) != core::kGpuSuccess) {
+    return 14;
+  }
+  int rc = 0;
+  if (b != 0) rc = 15;                                    // data did not arrive whole before the signal
+  if (w[1] != threads * 25) rc = 16;                      // fetch-adds from the peer
+  uint64_t want32 = rank == 0 ? uint64_t(2) * 2 * threads * 25 : 0;
+  if ((w[2] & 0xffffffffu) != want32 || (w[2] >> 32) != 0) rc = 17;  // 32-bit adds from both PEs to PE 0
+  if (ShmemFinalize() != 0 && rc == 0) rc = 18;
+  return rc;
+}
+
+class ShmemPairTest : public ShmemSingleTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ShmemPairTest, EveryFamilyBetweenTwoForkedPes) {
+  if (IsSkipped()) return;
+  setenv("MORI_SHMEM_TRANSPORT", GetParam(), 1);
+  setenv("MORI_TIMEOUT_S", "60", 1);
+  mori_shmem_uniqueid_t uid;
+  ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(RunPair(uid, 1));
+  int rc = RunPair(uid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(rc, 0) << "PE 0 (see RunPair for the code)";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "PE 1 status " << status;
+  unsetenv("MORI_SHMEM_TRANSPORT");
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ShmemPairTest, ::testing::Values("p2p", "rdma"));
+
 }  // namespace
 }  // namespace mori::shmem
