@@ -634,6 +634,31 @@ TEST_F(EmulatedNic, ADroppedLinkFailsWhatIsInFlightWithoutHanging) {
   nic->RestoreLink();
 }
 
+// A QP that has work but cannot move (here: every WQE held back by the delay knob) is reported once per
+// stall, and moves on when the cause goes.
+TEST_F(EmulatedNic, AStalledQueueIsReportedOnceWithItsState) {
+  Connect();
+  GpuBuffer& src = Alloc(64);
+  GpuBuffer& dst = Alloc(64);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  EmulatedNicControl* nic = GetEmulatedNicControl(a_);
+  nic->SetStallReportMilliseconds(100);
+  nic->SetDelayMicroseconds(2000000);
+  uint64_t before = nic->Stats().stallReports;
+  a_->HostPost(epA_, WriteRequest(srcMr, dstMr, 8, 0));
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  EXPECT_EQ(nic->Stats().stallReports - before, 1u) << "one report per stall";
+  nic->SetDelayMicroseconds(0);
+  int completed = 0;
+  core::Deadline deadline = core::Deadline::After(30);
+  while (completed < 1 && !deadline.Expired()) {
+    HostCompletion c[1];
+    completed += a_->HostPoll(epA_, c, 1);
+  }
+  EXPECT_EQ(completed, 1);
+}
+
 TEST_F(EmulatedNic, HostPostingRefusesAFullQueueAndBadInput) {
   RdmaEndpointConfig config;
   config.maxMsgsNum = 4;

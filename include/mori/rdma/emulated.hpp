@@ -13,6 +13,7 @@ struct EmulatedNicStats {
   uint64_t bytesMoved;      // payload bytes written into registered memory on either side
   uint64_t cqesWritten;
   uint64_t requestsServed;  // requests from peers executed as responder
+  uint64_t stallReports;    // times a QP with work made no progress for the stall-report time (logged)
 };
 
 class EmulatedNicControl {
@@ -28,6 +29,8 @@ class EmulatedNicControl {
   virtual void CorruptNextRemoteKey() = 0;
   // How long a send may wait for a receive buffer at the responder before it fails (RNR retries).
   virtual void SetRnrTimeoutMilliseconds(uint32_t ms) = 0;
+  // A QP that has work but makes no progress for this long is logged (once per stall) with its state.
+  virtual void SetStallReportMilliseconds(uint32_t ms) = 0;
   virtual EmulatedNicStats Stats() const = 0;
 };
 

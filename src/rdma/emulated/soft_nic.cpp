@@ -90,7 +90,7 @@ SoftNic::~SoftNic() {
 }
 
 EmulatedNicStats SoftNic::Stats() const {
-  return {wqesExecuted_.load(), bytesMoved_.load(), cqesWritten_.load(), requestsServed_.load()};
+  return {wqesExecuted_.load(), bytesMoved_.load(), cqesWritten_.load(), requestsServed_.load(), stallReports_.load()};
 }
 
 // ---------------------------------------------------------------- setup
@@ -298,9 +298,11 @@ void SoftNic::Run() {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         for (auto& [qpn, qp] : qps_) {
-          work |= PumpSendQueue(*qp, now);
-          work |= PumpRequests(*qp, now);
-          work |= PumpCompletions(*qp);
+          bool moved = PumpSendQueue(*qp, now);
+          moved |= PumpRequests(*qp, now);
+          moved |= PumpCompletions(*qp);
+          work |= moved;
+          WatchProgress(*qp, moved, now);
         }
         ReapLinks();
       }
@@ -313,6 +315,36 @@ void SoftNic::Run() {
       MORI_LOG_ERROR(Rdma, "emulated NIC engine: %s", e.what());
     }
   }
+}
+
+// A QP with work that has not moved for the stall-report time (10 s unless a test sets it) is reported once,
+// with everything that decides whether it can move: a stalled queue shows up in the log with its state
+// instead of only as a device-side timeout.
+void SoftNic::WatchProgress(Qp& qp, bool moved, Clock::time_point now) {
+  uint32_t pi = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(&qp.dbrec[kSendDbrIndex])) & 0xffffu;
+  bool pending = !qp.inflight.empty() || !qp.pendingCqes.empty() || !qp.requests.empty() ||
+                 (qp.sqConsumed & 0xffffu) != pi;
+  if (moved || !pending || qp.lastProgress == Clock::time_point{}) {  // (the last: first look at a new QP)
+    qp.lastProgress = now;
+    qp.stallReported = false;
+    return;
+  }
+  if (qp.stallReported || now - qp.lastProgress < std::chrono::milliseconds(stallReportMs_.load())) return;
+  qp.stallReported = true;
+  stallReports_.fetch_add(1, std::memory_order_relaxed);
+  const InFlight* front = qp.inflight.empty() ? nullptr : &qp.inflight.front();
+  uint32_t consumed = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(qp.cqDbrec)) & kCqConsumerIndexMask;
+  auto still = std::chrono::duration_cast<std::chrono::milliseconds>(now - qp.lastProgress).count();
+  MORI_LOG_WARN(Rdma,
+                "emulated QP %u made no progress for %lld ms: state %d, blocked %d, send queue read to %u of %u, %zu "
+                "in flight (front: slot %u psn %u done %d opcode %u), next psn %u, expected psn %u, %zu requests "
+                "queued, %zu CQEs waiting (produced %u, consumed %u, depth %u), link %s",
+                qp.qpn, static_cast<long long>(still),
+                static_cast<int>(qp.state), qp.blocked ? 1 : 0, qp.sqConsumed & 0xffffu, pi, qp.inflight.size(),
+                front ? front->slot : 0u, front ? front->psn : 0u, front ? (front->done ? 1 : 0) : -1,
+                front ? static_cast<unsigned>(front->opcode) : 0u, qp.nextPsn, qp.expectedPsn, qp.requests.size(),
+                qp.pendingCqes.size(), qp.cqProduced, consumed, qp.cqDepth,
+                qp.link == nullptr ? "none" : qp.link->dead ? "dead" : "up");
 }
 
 bool SoftNic::PumpSendQueue(Qp& qp, Clock::time_point now) {

@@ -49,6 +49,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   void SetDelayMicroseconds(uint32_t us) override { delayUs_.store(us); }
   void CorruptNextRemoteKey() override { corruptNextRkey_.store(true); }
   void SetRnrTimeoutMilliseconds(uint32_t ms) override { rnrTimeoutMs_.store(ms); }
+  void SetStallReportMilliseconds(uint32_t ms) override { stallReportMs_.store(ms); }
   EmulatedNicStats Stats() const override;
 
  private:
@@ -121,6 +122,8 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
     std::deque<Request> requests;
     bool cqOverrunWarned = false;
     std::deque<std::array<uint8_t, 64>> pendingCqes;  // CQEs waiting for room in the CQ
+    Clock::time_point lastProgress{};  // when this QP last moved (or had nothing to do)
+    bool stallReported = false;
   };
 
   struct Link {
@@ -138,6 +141,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   };
 
   void Run();
+  void WatchProgress(Qp& qp, bool moved, Clock::time_point now);
   bool PumpSendQueue(Qp& qp, Clock::time_point now);
   bool PumpRequests(Qp& qp, Clock::time_point now);
   bool PumpCompletions(Qp& qp);
@@ -189,6 +193,8 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   std::atomic<uint32_t> delayUs_{0};
   std::atomic<bool> corruptNextRkey_{false};
   std::atomic<uint32_t> rnrTimeoutMs_{5000};
+  std::atomic<uint32_t> stallReportMs_{10000};
+  std::atomic<uint64_t> stallReports_{0};
   std::atomic<uint64_t> wqesExecuted_{0}, bytesMoved_{0}, cqesWritten_{0}, requestsServed_{0};
   Clock::time_point lastWork_;
   std::thread engine_;
