@@ -18,6 +18,9 @@
 #include "symmetric_heap.hpp"
 
 namespace mori::shmem {
+namespace test {
+int LaunchFromSecondTranslationUnit(uint64_t* words);
+}
 namespace {
 
 using core::Dim3;
@@ -173,6 +176,21 @@ TEST_F(ShmemSingleTest, EveryFamilyOnTheSelfTransport) {
   EXPECT_EQ(o[0], 5u);
   EXPECT_EQ(o[1], 6u);
   EXPECT_EQ(o[2], 100u);
+  ASSERT_EQ(ShmemFinalize(), 0);
+}
+
+// Device code in another file reads its own copy of the state: it must have been uploaded as well.
+TEST_F(ShmemSingleTest, EveryTranslationUnitGetsTheState) {
+  ASSERT_EQ(ShmemInit(), 0);
+  auto* words = static_cast<uint64_t*>(ShmemCalloc(3, 8));
+  ASSERT_NE(words, nullptr);
+  ASSERT_EQ(test::LaunchFromSecondTranslationUnit(words), 0);
+  uint64_t w[3];
+  ASSERT_EQ(core::GpuMemcpy(w, words, sizeof(w)), core::kGpuSuccess);
+  EXPECT_EQ(w[0], 1000u);
+  EXPECT_EQ(w[1], 1u);
+  EXPECT_EQ(w[2], 0xC0FFEEu);
+  ShmemFree(words);
   ASSERT_EQ(ShmemFinalize(), 0);
 }
 
