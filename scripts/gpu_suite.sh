@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU job for a machine with NVIDIA GPUs: runs the CUDA build staged by stage_cuda_build.sh (ctest:
-# unit, multi-process, GPU and mpirun suites, the examples) and writes logs to ${OUT:-/tmp/mori-out}.
+# unit, multi-process, GPU and mpirun suites incl. SHMEM, the examples; with BENCH=1 the benchmarks, mori
+# beside NVSHMEM) and writes logs to ${OUT:-/tmp/mori-out}.
 # The build holds the absolute paths of the machine it was built on; symbolic links recreate them.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,8 +39,36 @@ rc=$?
   ./examples/local_rdma_ops/simple_gpu_interchange 1048576 42 || rc=1
   ./examples/local_rdma_ops/local_rdma_ops || rc=1
   for op in write read atomic; do mpirun --allow-run-as-root -np 2 ./examples/dist_rdma_ops/dist_rdma_ops $op 16777216 || rc=1; done
+  for transport in p2p rdma; do
+    for ex in shmem_put shmem_put_signal_pingpong shmem_atomic_counter shmem_ring_allgather shmem_all_to_all; do
+      mpirun --allow-run-as-root -np 2 -x MORI_SHMEM_TRANSPORT=$transport ./examples/shmem/$ex || rc=1
+    done
+  done
 } > "$out/examples.log" 2>&1
-if [ -n "${BENCH:-}" ]; then ./bench/rdma_post_rate > "$out/rdma_post_rate.log" 2>&1 || rc=1; fi
+if [ -n "${BENCH:-}" ]; then
+  ./bench/rdma_post_rate ${RDMA_BENCH_ARGS:-} > "$out/rdma_post_rate.log" 2>&1 || rc=1
+  # mori against NVSHMEM in the same run. NVSHMEM is not on the build machine: nvshmem_bench is compiled here
+  # (relocatable device code, its device library, the host library by path), as BASELINES.md describes.
+  mpirun --allow-run-as-root -np 2 ./bench/shmem_bench all --csv "$out/shmem_mori.csv" ${SHMEM_BENCH_ARGS:-} \
+    > "$out/shmem_bench.log" 2>&1 || rc=1
+  nv=${NVSHMEM_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nvshmem}
+  if [ -d "$nv/include" ]; then
+    mpi_inc=$(mpicc -showme:incdirs | sed 's/[^ ]*/-I&/g')
+    mpi_lib=$(mpicc -showme:libdirs | sed 's/[^ ]*/-L&/g')
+    if nvcc -O3 -std=c++17 -rdc=true -arch=sm_90 -I"$nv/include" $mpi_inc "$repo/bench/nvshmem_bench.cu" \
+         "$nv/lib/libnvshmem_device.a" -Xlinker "$nv/lib/libnvshmem_host.so.3" $mpi_lib -lmpi -lcuda \
+         -Xlinker -rpath="$nv/lib" -o /tmp/nvshmem_bench > "$out/nvshmem_build.log" 2>&1; then
+      mpirun --allow-run-as-root -np 2 -x LD_LIBRARY_PATH="$nv/lib" -x NVSHMEM_DISABLE_NVLS=1 \
+        -x NVSHMEM_REMOTE_TRANSPORT=none /tmp/nvshmem_bench all --csv "$out/shmem_nvshmem.csv" \
+        ${SHMEM_BENCH_ARGS:-} > "$out/nvshmem_bench.log" 2>&1 || rc=1
+      python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori.csv" "$out/shmem_nvshmem.csv" \
+        > "$out/shmem_compare.txt" 2>&1
+    else
+      echo "nvshmem_bench did not build (see nvshmem_build.log)" > "$out/shmem_compare.txt"
+      python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori.csv" >> "$out/shmem_compare.txt" 2>&1
+    fi
+  fi
+fi
 tail -n 30 "$out/ctest.log"
-cat "$out/examples.log" "$out/rdma_post_rate.log" 2>/dev/null | tail -n 40
+cat "$out/examples.log" "$out/rdma_post_rate.log" "$out/shmem_compare.txt" 2>/dev/null | tail -n 80
 exit $rc
