@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "../common/test_util.hpp"
 #include "mori/core/gpu.hpp"
+#include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
 #include "mori/shmem/shmem_api.hpp"
 #include "mori/shmem/shmem_device_api.hpp"
@@ -56,6 +58,53 @@ TEST(SymmetricAllocatorTest, AlignsSplitsAndCoalescesBothSides) {
   auto merged = a.Allocate(3 << 16, 64);
   ASSERT_TRUE(merged.has_value());
   EXPECT_EQ(*merged, blocks[0]);
+}
+
+// The copy under every P2P put: every alignment of source and destination, sizes around the word and vector
+// boundaries, one thread and a block of threads; bytes outside the range stay as they were.
+MORI_GLOBAL void GroupCopyKernel(uint8_t* dst, const uint8_t* src, size_t bytes) {
+  detail::GroupCopy<detail::Group::Block>(dst, src, bytes);
+}
+
+TEST(ShmemCopyTest, EveryAlignmentAndSize) {
+  std::vector<uint8_t> src(4096 + 64), dst(4096 + 64);
+  core::test::FillPattern(src.data(), src.size(), 3, 1);
+#if MORI_BACKEND_HOST  // (device functions are host functions only here; GPUs take the block kernel below)
+  std::vector<size_t> sizes;
+  for (size_t b = 0; b <= 80; ++b) sizes.push_back(b);
+  for (size_t b : {127, 128, 129, 1000, 4095}) sizes.push_back(b);
+  for (size_t so = 0; so < 16; ++so) {
+    for (size_t doff = 0; doff < 16; ++doff) {
+      for (size_t b : sizes) {
+        std::fill(dst.begin(), dst.end(), uint8_t{0xA5});
+        detail::GroupCopy<detail::Group::Thread>(dst.data() + doff, src.data() + so, b);
+        for (size_t i = 0; i < dst.size(); ++i) {
+          uint8_t want = i >= doff && i < doff + b ? src[so + i - doff] : uint8_t{0xA5};
+          ASSERT_EQ(dst[i], want) << "src offset " << so << " dst offset " << doff << " bytes " << b << " at " << i;
+        }
+      }
+    }
+  }
+#endif
+  // A block of host threads splitting the work.
+  core::GpuBuffer d(dst.size()), s2(src.size());
+  ASSERT_EQ(core::GpuMemcpy(s2.Data(), src.data(), src.size()), core::kGpuSuccess);
+  for (size_t so : {0, 3, 8}) {
+    for (size_t doff : {0, 5, 8}) {
+      for (size_t b : {7, 33, 4000}) {
+        std::vector<uint8_t> fill(dst.size(), 0xA5);
+        ASSERT_EQ(core::GpuMemcpy(d.Data(), fill.data(), fill.size()), core::kGpuSuccess);
+        core::LaunchKernel(GroupCopyKernel, Dim3(1), Dim3(MORI_BACKEND_HOST ? 3 : 96), 0, nullptr,
+                           d.DataAs<uint8_t>() + doff, s2.DataAs<uint8_t>() + so, b);
+        ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+        ASSERT_EQ(core::GpuMemcpy(dst.data(), d.Data(), dst.size()), core::kGpuSuccess);
+        for (size_t i = 0; i < dst.size(); ++i) {
+          uint8_t want = i >= doff && i < doff + b ? src[so + i - doff] : uint8_t{0xA5};
+          ASSERT_EQ(dst[i], want) << "block copy: src offset " << so << " dst offset " << doff << " bytes " << b;
+        }
+      }
+    }
+  }
 }
 
 // A kernel that does one bad thing, chosen by `what`.

@@ -95,7 +95,9 @@ MORI_DEVICE_INLINE void PutSignalNbi(const char* op, void* dest, const void* sou
     case TransportType::Self:
     case TransportType::P2P:
       GroupCopy<G>(PeerAddress<uint8_t>(s, pe, offset), source, bytes);
-      SystemFence();  // every thread's part of the data is visible before the signal can be
+      // Every thread's part of the data is visible before the signal can be. A single thread needs no fence
+      // of its own: the signal's system-scope release (or the NIC doorbell's) orders its earlier stores.
+      if constexpr (G != Group::Thread) SystemFence();
       GroupSync<G>();
       if (GroupRank<G>() == 0) SignalAt(s, pe, sigOffset, sigVal, sigOp);
       GroupSync<G>();
