@@ -35,21 +35,31 @@ MORI_DEVICE_INLINE void SignalAt(const ShmemDeviceState& s, int pe, uint64_t off
   }
 }
 
-template <Group G>
-MORI_DEVICE_INLINE void PutNbi(const char* op, void* dest, const void* source, size_t bytes, int pe, bool wait) {
+enum class Direction { Put, Get };
+
+// A put (local `local` -> symmetric `remote` on pe) or a get (the other way). With `wait` it returns once the
+// transfer is complete (blocking forms); otherwise at the next quiet.
+template <Group G, Direction D>
+MORI_DEVICE_INLINE void Transfer(const char* op, void* remote, void* local, size_t bytes, int pe, bool wait) {
   const ShmemDeviceState& s = Checked(op);
   CheckPe(s, op, pe);
-  uint64_t offset = HeapOffset(s, op, pe, dest, bytes);
+  uint64_t offset = HeapOffset(s, op, pe, remote, bytes);
   if (bytes == 0) return;
   switch (TransportOf(s, pe)) {
     case TransportType::Self:
     case TransportType::P2P:
-      GroupCopy<G>(PeerAddress<uint8_t>(s, pe, offset), source, bytes);
+      if constexpr (D == Direction::Put) {
+        GroupCopy<G>(PeerAddress<uint8_t>(s, pe, offset), local, bytes);
+      } else {
+        GroupCopy<G>(local, PeerAddress<uint8_t>(s, pe, offset), bytes);
+        GroupSync<G>();  // the whole group's part has landed when any thread returns
+      }
       break;
     case TransportType::RDMA:
       GroupSync<G>();  // the whole group's source data is written before the NIC is told to read it
       if (GroupRank<G>() == 0) {
-        uint32_t slot = RdmaPut(s, op, pe, offset, source, bytes, wait);
+        uint32_t slot = D == Direction::Put ? RdmaPut(s, op, pe, offset, local, bytes, wait)
+                                            : RdmaGet(s, op, pe, local, offset, bytes, wait);
         if (wait) WaitSlot(s, QueueFor(s, pe), pe, slot);
       }
       GroupSync<G>();
@@ -60,28 +70,13 @@ MORI_DEVICE_INLINE void PutNbi(const char* op, void* dest, const void* source, s
 }
 
 template <Group G>
+MORI_DEVICE_INLINE void PutNbi(const char* op, void* dest, const void* source, size_t bytes, int pe, bool wait) {
+  Transfer<G, Direction::Put>(op, dest, const_cast<void*>(source), bytes, pe, wait);
+}
+
+template <Group G>
 MORI_DEVICE_INLINE void GetImpl(const char* op, void* dest, const void* source, size_t bytes, int pe, bool wait) {
-  const ShmemDeviceState& s = Checked(op);
-  CheckPe(s, op, pe);
-  uint64_t offset = HeapOffset(s, op, pe, source, bytes);
-  if (bytes == 0) return;
-  switch (TransportOf(s, pe)) {
-    case TransportType::Self:
-    case TransportType::P2P:
-      GroupCopy<G>(dest, PeerAddress<uint8_t>(s, pe, offset), bytes);
-      GroupSync<G>();
-      break;
-    case TransportType::RDMA:
-      GroupSync<G>();
-      if (GroupRank<G>() == 0) {
-        uint32_t slot = RdmaGet(s, op, pe, dest, offset, bytes, wait);
-        if (wait) WaitSlot(s, QueueFor(s, pe), pe, slot);
-      }
-      GroupSync<G>();
-      break;
-    default:
-      ProxyUnavailable(s, op, pe);
-  }
+  Transfer<G, Direction::Get>(op, const_cast<void*>(source), dest, bytes, pe, wait);
 }
 
 template <Group G>

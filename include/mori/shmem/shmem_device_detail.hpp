@@ -206,8 +206,23 @@ MORI_DEVICE_INLINE void QuietPe(const ShmemDeviceState& s, int pe) {
   }
 }
 
-// RDMA write of [src, src + bytes) to `offset` in pe's heap, split at the NIC's message limit. Sources the
-// NIC cannot read (not in the heap, not registered) go inline when they fit one WQE.
+// Posts [laddr, laddr + bytes) <-> [raddr, ...) as WQEs of at most the NIC's message size; only the last
+// one signaled when `signal`. Returns the last slot.
+template <typename PostOne>
+MORI_DEVICE_INLINE uint32_t PostInChunks(uintptr_t laddr, uintptr_t raddr, size_t bytes, bool signal, PostOne post) {
+  uint32_t slot = 0;
+  do {
+    size_t chunk = bytes < rdma::mlx5::kMaxMessageBytes ? bytes : rdma::mlx5::kMaxMessageBytes;
+    slot = post(laddr, raddr, chunk, signal && chunk == bytes);
+    laddr += chunk;
+    raddr += chunk;
+    bytes -= chunk;
+  } while (bytes > 0);
+  return slot;
+}
+
+// RDMA write of [src, src + bytes) to `offset` in pe's heap. Sources the NIC cannot read (not in the heap,
+// not registered) go inline when they fit one WQE.
 MORI_DEVICE_INLINE uint32_t RdmaPut(const ShmemDeviceState& s, const char* op, int pe, uint64_t offset, const void* src,
                                     size_t bytes, bool signal) {
   ShmemQueuePair& qp = QueueFor(s, pe);
@@ -220,18 +235,11 @@ MORI_DEVICE_INLINE uint32_t RdmaPut(const ShmemDeviceState& s, const char* op, i
                        op, s.rank, pe, src, static_cast<unsigned long long>(bytes), qp.wq.maxInlineData);
     return rdma::PostWriteInlineOrdered<kProvider>(qp.wq, qp.cq, src, raddr, s.rkeys[pe], bytes, signal, s.timeoutNs);
   }
-  uint32_t slot = 0;
-  uintptr_t laddr = reinterpret_cast<uintptr_t>(src);
-  do {
-    size_t chunk = bytes < rdma::mlx5::kMaxMessageBytes ? bytes : rdma::mlx5::kMaxMessageBytes;
-    bool last = chunk == bytes;
-    slot = rdma::PostWriteOrdered<kProvider>(qp.wq, qp.cq, laddr, lkey, raddr, s.rkeys[pe], chunk, signal && last,
-                                             s.timeoutNs);
-    laddr += chunk;
-    raddr += chunk;
-    bytes -= chunk;
-  } while (bytes > 0);
-  return slot;
+  uint32_t rkey = s.rkeys[pe];
+  return PostInChunks(reinterpret_cast<uintptr_t>(src), raddr, bytes, signal,
+                      [&](uintptr_t l, uintptr_t r, size_t n, bool sig) {
+                        return rdma::PostWriteOrdered<kProvider>(qp.wq, qp.cq, l, lkey, r, rkey, n, sig, s.timeoutNs);
+                      });
 }
 
 // RDMA read of `bytes` from `offset` in pe's heap into local [dst, dst + bytes) (heap or registered).
@@ -243,19 +251,11 @@ MORI_DEVICE_INLINE uint32_t RdmaGet(const ShmemDeviceState& s, const char* op, i
                      "mori shmem: %s on PE %d (from pe %d): destination %p (%llu bytes) is neither in the symmetric "
                      "heap nor registered with ShmemBufferRegister, so the NIC cannot write it",
                      op, s.rank, pe, dst, static_cast<unsigned long long>(bytes));
-  uintptr_t raddr = s.remoteBases[pe] + offset;
-  uintptr_t laddr = reinterpret_cast<uintptr_t>(dst);
-  uint32_t slot = 0;
-  do {
-    size_t chunk = bytes < rdma::mlx5::kMaxMessageBytes ? bytes : rdma::mlx5::kMaxMessageBytes;
-    bool last = chunk == bytes;
-    slot = rdma::PostReadOrdered<kProvider>(qp.wq, qp.cq, laddr, lkey, raddr, s.rkeys[pe], chunk, signal && last,
-                                            s.timeoutNs);
-    laddr += chunk;
-    raddr += chunk;
-    bytes -= chunk;
-  } while (bytes > 0);
-  return slot;
+  uint32_t rkey = s.rkeys[pe];
+  return PostInChunks(reinterpret_cast<uintptr_t>(dst), s.remoteBases[pe] + offset, bytes, signal,
+                      [&](uintptr_t l, uintptr_t r, size_t n, bool sig) {
+                        return rdma::PostReadOrdered<kProvider>(qp.wq, qp.cq, l, lkey, r, rkey, n, sig, s.timeoutNs);
+                      });
 }
 
 // A slot of the local fetch area, owned by one thread between Acquire and Release: tickets are dealt in
