@@ -37,29 +37,28 @@ MORI_DEVICE_INLINE void SignalAt(const ShmemDeviceState& s, int pe, uint64_t off
 
 enum class Direction { Put, Get };
 
-// A put (local `local` -> symmetric `remote` on pe) or a get (the other way). With `wait` it returns once the
-// transfer is complete (blocking forms); otherwise at the next quiet.
+// Copies [src, src + bytes) to dst, where dst (Put) or src (Get) is a symmetric address on pe and the other
+// one local. With `wait` it returns once the transfer is complete (blocking forms); otherwise at quiet.
 template <Group G, Direction D>
-MORI_DEVICE_INLINE void Transfer(const char* op, void* remote, void* local, size_t bytes, int pe, bool wait) {
+MORI_DEVICE_INLINE void Transfer(const char* op, void* dst, const void* src, size_t bytes, int pe, bool wait) {
   const ShmemDeviceState& s = Checked(op);
-  CheckPe(s, op, pe);
-  uint64_t offset = HeapOffset(s, op, pe, remote, bytes);
+  uint64_t offset = TargetOffset(s, op, pe, D == Direction::Put ? static_cast<const void*>(dst) : src, bytes);
   if (bytes == 0) return;
   switch (TransportOf(s, pe)) {
     case TransportType::Self:
     case TransportType::P2P:
       if constexpr (D == Direction::Put) {
-        GroupCopy<G>(PeerAddress<uint8_t>(s, pe, offset), local, bytes);
+        GroupCopy<G>(PeerAddress<uint8_t>(s, pe, offset), src, bytes);
       } else {
-        GroupCopy<G>(local, PeerAddress<uint8_t>(s, pe, offset), bytes);
+        GroupCopy<G>(dst, PeerAddress<uint8_t>(s, pe, offset), bytes);
         GroupSync<G>();  // the whole group's part has landed when any thread returns
       }
       break;
     case TransportType::RDMA:
       GroupSync<G>();  // the whole group's source data is written before the NIC is told to read it
       if (GroupRank<G>() == 0) {
-        uint32_t slot = D == Direction::Put ? RdmaPut(s, op, pe, offset, local, bytes, wait)
-                                            : RdmaGet(s, op, pe, local, offset, bytes, wait);
+        uint32_t slot = D == Direction::Put ? RdmaPut(s, op, pe, offset, src, bytes, wait)
+                                            : RdmaGet(s, op, pe, dst, offset, bytes, wait);
         if (wait) WaitSlot(s, QueueFor(s, pe), pe, slot);
       }
       GroupSync<G>();
@@ -70,21 +69,10 @@ MORI_DEVICE_INLINE void Transfer(const char* op, void* remote, void* local, size
 }
 
 template <Group G>
-MORI_DEVICE_INLINE void PutNbi(const char* op, void* dest, const void* source, size_t bytes, int pe, bool wait) {
-  Transfer<G, Direction::Put>(op, dest, const_cast<void*>(source), bytes, pe, wait);
-}
-
-template <Group G>
-MORI_DEVICE_INLINE void GetImpl(const char* op, void* dest, const void* source, size_t bytes, int pe, bool wait) {
-  Transfer<G, Direction::Get>(op, const_cast<void*>(source), dest, bytes, pe, wait);
-}
-
-template <Group G>
 MORI_DEVICE_INLINE void PutSignalNbi(const char* op, void* dest, const void* source, size_t bytes, uint64_t* sigAddr,
                                      uint64_t sigVal, SignalOp sigOp, int pe) {
   const ShmemDeviceState& s = Checked(op);
-  CheckPe(s, op, pe);
-  uint64_t offset = HeapOffset(s, op, pe, dest, bytes);
+  uint64_t offset = TargetOffset(s, op, pe, dest, bytes);
   uint64_t sigOffset = HeapOffset(s, op, pe, sigAddr, sizeof(uint64_t));
   switch (TransportOf(s, pe)) {
     case TransportType::Self:
@@ -118,35 +106,35 @@ MORI_DEVICE_INLINE void CheckAtomicTarget(const ShmemDeviceState& s, const char*
                      static_cast<const void*>(dest), static_cast<unsigned>(sizeof(T)));
 }
 
-// One atomic: `local` runs on the mapped address when the PE is reached by loads and stores, `update`
-// (old -> new, false: leave it) through the NIC otherwise. 8-byte fetch-add and compare-swap use the NIC's
-// own operations.
+// An 8-byte operation the NIC performs itself (fetch-add, compare-swap), used instead of the compare-swap
+// loop when the atomic goes through the NIC.
+struct NicNative {
+  bool use;
+  rdma::AtomicOp op;
+  uint64_t swapOrAdd;
+  uint64_t compare;
+  bool fetch;  // false: the old value is not wanted (the operation completes at quiet)
+};
+constexpr NicNative kNoNicNative{false, rdma::AtomicOp::FetchAdd, 0, 0, true};
+
+// One atomic: `local` runs on the mapped address when the PE is reached by loads and stores; through the NIC
+// an 8-byte `native` operation when given, else `update` (old -> new, false: leave it) in a compare-swap loop.
 template <typename T, typename Local, typename Update>
-MORI_DEVICE_INLINE T AtomicOpImpl(const char* op, T* dest, int pe, Local local, Update update) {
+MORI_DEVICE_INLINE T AtomicOpImpl(const char* op, T* dest, int pe, Local local, Update update,
+                                  NicNative native = kNoNicNative) {
   static_assert(kAtomicType<T>, "SHMEM atomics take int32_t, uint32_t, int64_t or uint64_t");
   const ShmemDeviceState& s = Checked(op);
-  CheckPe(s, op, pe);
-  uint64_t offset = HeapOffset(s, op, pe, dest, sizeof(T));
+  uint64_t offset = TargetOffset(s, op, pe, dest, sizeof(T));
   CheckAtomicTarget(s, op, pe, dest);
   if (TransportOf(s, pe) == TransportType::Proxy) {
     ProxyUnavailable(s, op, pe);
     return T{};
   }
   if (!AtomicsViaNic(s, pe)) return local(PeerAddress<T>(s, pe, offset));
-  return NicReadModifyWrite<T>(s, pe, offset, update);
-}
-
-// 8-byte atomics the NIC performs natively (fetch-add, compare-swap): whether this call takes that path,
-// with the checked heap offset of dest in *offset.
-template <typename T>
-MORI_DEVICE_INLINE bool NativeNicAtomic(const ShmemDeviceState& s, const char* op, T* dest, int pe, uint64_t* offset) {
-  if (sizeof(T) != 8 || s.magic != kShmemStateMagic || pe < 0 || pe >= s.nPes || !AtomicsViaNic(s, pe) ||
-      TransportOf(s, pe) == TransportType::Proxy) {
-    return false;  // the general path serves it (and reports what is wrong)
+  if (sizeof(T) == 8 && native.use) {
+    return static_cast<T>(NicAtomic64(s, pe, offset, native.op, native.swapOrAdd, native.compare, native.fetch));
   }
-  *offset = HeapOffset(s, op, pe, dest, sizeof(T));
-  CheckAtomicTarget(s, op, pe, dest);
-  return true;
+  return NicReadModifyWrite<T>(s, pe, offset, update);
 }
 
 }  // namespace detail
@@ -155,24 +143,30 @@ MORI_DEVICE_INLINE bool NativeNicAtomic(const ShmemDeviceState& s, const char* o
 
 #define MORI_SHMEM_PUT_FAMILY(Scope, G)                                                                          \
   MORI_DEVICE_INLINE void ShmemPutMemNbi##Scope(void* dest, const void* source, size_t bytes, int pe) {          \
-    detail::PutNbi<detail::Group::G>("ShmemPutMemNbi" #Scope, dest, source, bytes, pe, false);                   \
+    detail::Transfer<detail::Group::G, detail::Direction::Put>("ShmemPutMemNbi" #Scope, dest, source, bytes, pe,  \
+                                                               false);                                           \
   }                                                                                                              \
   MORI_DEVICE_INLINE void ShmemPutMem##Scope(void* dest, const void* source, size_t bytes, int pe) {             \
-    detail::PutNbi<detail::Group::G>("ShmemPutMem" #Scope, dest, source, bytes, pe, true);                       \
+    detail::Transfer<detail::Group::G, detail::Direction::Put>("ShmemPutMem" #Scope, dest, source, bytes, pe,     \
+                                                               true);                                            \
   }                                                                                                              \
   template <typename T>                                                                                          \
   MORI_DEVICE_INLINE void ShmemPutTypeNbi##Scope(T* dest, const T* source, size_t nelems, int pe) {              \
-    detail::PutNbi<detail::Group::G>("ShmemPutTypeNbi" #Scope, dest, source, nelems * sizeof(T), pe, false);     \
+    detail::Transfer<detail::Group::G, detail::Direction::Put>("ShmemPutTypeNbi" #Scope, dest, source,            \
+                                                               nelems * sizeof(T), pe, false);                   \
   }                                                                                                              \
   template <typename T>                                                                                          \
   MORI_DEVICE_INLINE void ShmemPutType##Scope(T* dest, const T* source, size_t nelems, int pe) {                 \
-    detail::PutNbi<detail::Group::G>("ShmemPutType" #Scope, dest, source, nelems * sizeof(T), pe, true);         \
+    detail::Transfer<detail::Group::G, detail::Direction::Put>("ShmemPutType" #Scope, dest, source,               \
+                                                               nelems * sizeof(T), pe, true);                    \
   }                                                                                                              \
   MORI_DEVICE_INLINE void ShmemGetMemNbi##Scope(void* dest, const void* source, size_t bytes, int pe) {          \
-    detail::GetImpl<detail::Group::G>("ShmemGetMemNbi" #Scope, dest, source, bytes, pe, false);                  \
+    detail::Transfer<detail::Group::G, detail::Direction::Get>("ShmemGetMemNbi" #Scope, dest, source, bytes, pe,  \
+                                                               false);                                           \
   }                                                                                                              \
   MORI_DEVICE_INLINE void ShmemGetMem##Scope(void* dest, const void* source, size_t bytes, int pe) {             \
-    detail::GetImpl<detail::Group::G>("ShmemGetMem" #Scope, dest, source, bytes, pe, true);                      \
+    detail::Transfer<detail::Group::G, detail::Direction::Get>("ShmemGetMem" #Scope, dest, source, bytes, pe,     \
+                                                               true);                                            \
   }                                                                                                              \
   MORI_DEVICE_INLINE void ShmemPutMemNbiSignal##Scope(void* dest, const void* source, size_t bytes,              \
                                                       uint64_t* sigAddr, uint64_t sigVal, SignalOp op, int pe) { \
@@ -193,8 +187,7 @@ MORI_DEVICE_INLINE void ShmemPutTypeImmNbiThread(T* dest, T value, int pe) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 16, "single-value put takes a small plain value");
   const char* op = "ShmemPutTypeImmNbiThread";
   const ShmemDeviceState& s = detail::Checked(op);
-  detail::CheckPe(s, op, pe);
-  uint64_t offset = detail::HeapOffset(s, op, pe, dest, sizeof(T));
+  uint64_t offset = detail::TargetOffset(s, op, pe, dest, sizeof(T));
   switch (detail::TransportOf(s, pe)) {
     case TransportType::Self:
     case TransportType::P2P:
@@ -214,8 +207,7 @@ MORI_DEVICE_INLINE T ShmemGetTypeImmThread(const T* source, int pe) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "single-value get takes a value of up to 8 bytes");
   const char* op = "ShmemGetTypeImmThread";
   const ShmemDeviceState& s = detail::Checked(op);
-  detail::CheckPe(s, op, pe);
-  uint64_t offset = detail::HeapOffset(s, op, pe, source, sizeof(T));
+  uint64_t offset = detail::TargetOffset(s, op, pe, source, sizeof(T));
   T out{};
   switch (detail::TransportOf(s, pe)) {
     case TransportType::Self:
@@ -238,8 +230,7 @@ MORI_DEVICE_INLINE T ShmemGetTypeImmThread(const T* source, int pe) {
 MORI_DEVICE_INLINE void ShmemSignalOpThread(uint64_t* sigAddr, uint64_t val, SignalOp op, int pe) {
   const char* name = "ShmemSignalOpThread";
   const ShmemDeviceState& s = detail::Checked(name);
-  detail::CheckPe(s, name, pe);
-  uint64_t offset = detail::HeapOffset(s, name, pe, sigAddr, sizeof(uint64_t));
+  uint64_t offset = detail::TargetOffset(s, name, pe, sigAddr, sizeof(uint64_t));
   if (detail::TransportOf(s, pe) == TransportType::Proxy) return detail::ProxyUnavailable(s, name, pe);
   detail::SignalAt(s, pe, offset, val, op);
 }
@@ -271,31 +262,27 @@ MORI_DEVICE_INLINE uint64_t ShmemSignalWaitUntil(uint64_t* sigAddr, CmpOp cmp, u
 
 template <typename T>
 MORI_DEVICE_INLINE T ShmemAtomicTypeFetchAddThread(T* dest, T value, int pe) {
-  const ShmemDeviceState& s = detail::State();
-  uint64_t offset = 0;
-  if (detail::NativeNicAtomic(s, "ShmemAtomicTypeFetchAddThread", dest, pe, &offset)) {
-    return static_cast<T>(detail::NicAtomic64(s, pe, offset, rdma::AtomicOp::FetchAdd, static_cast<uint64_t>(value), 0,
-                                              true));
-  }
   return detail::AtomicOpImpl(
       "ShmemAtomicTypeFetchAddThread", dest, pe,
       [&](T* p) { return core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::System>(p, value); },
       [&](T old, T* next) {
         *next = static_cast<T>(old + value);
         return true;
-      });
+      },
+      detail::NicNative{true, rdma::AtomicOp::FetchAdd, static_cast<uint64_t>(value), 0, true});
 }
 
 // Adds without returning the old value; over the NIC (8 bytes) it completes at quiet.
 template <typename T>
 MORI_DEVICE_INLINE void ShmemAtomicTypeAddThread(T* dest, T value, int pe) {
-  const ShmemDeviceState& s = detail::State();
-  uint64_t offset = 0;
-  if (detail::NativeNicAtomic(s, "ShmemAtomicTypeAddThread", dest, pe, &offset)) {
-    detail::NicAtomic64(s, pe, offset, rdma::AtomicOp::FetchAdd, static_cast<uint64_t>(value), 0, false);
-    return;
-  }
-  ShmemAtomicTypeFetchAddThread<T>(dest, value, pe);
+  detail::AtomicOpImpl(
+      "ShmemAtomicTypeAddThread", dest, pe,
+      [&](T* p) { return core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::System>(p, value); },
+      [&](T old, T* next) {
+        *next = static_cast<T>(old + value);
+        return true;
+      },
+      detail::NicNative{true, rdma::AtomicOp::FetchAdd, static_cast<uint64_t>(value), 0, false});
 }
 
 template <typename T>
@@ -305,19 +292,17 @@ MORI_DEVICE_INLINE T ShmemAtomicTypeFetchIncThread(T* dest, int pe) {
 
 template <typename T>
 MORI_DEVICE_INLINE T ShmemAtomicTypeCompareSwapThread(T* dest, T cond, T value, int pe) {
-  const ShmemDeviceState& s = detail::State();
-  uint64_t offset = 0;
-  if (detail::NativeNicAtomic(s, "ShmemAtomicTypeCompareSwapThread", dest, pe, &offset)) {
-    return static_cast<T>(detail::NicAtomic64(s, pe, offset, rdma::AtomicOp::CompareSwap, static_cast<uint64_t>(value),
-                                              static_cast<uint64_t>(cond), true));
-  }
   return detail::AtomicOpImpl(
       "ShmemAtomicTypeCompareSwapThread", dest, pe,
-      [&](T* p) { return core::AtomicCompareExchange<core::MemoryOrder::Relaxed, core::Scope::System>(p, cond, value); },
+      [&](T* p) {
+        return core::AtomicCompareExchange<core::MemoryOrder::Relaxed, core::Scope::System>(p, cond, value);
+      },
       [&](T old, T* next) {
         *next = value;
         return old == cond;
-      });
+      },
+      detail::NicNative{true, rdma::AtomicOp::CompareSwap, static_cast<uint64_t>(value), static_cast<uint64_t>(cond),
+                        true});
 }
 
 template <typename T>

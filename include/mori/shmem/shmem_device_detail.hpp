@@ -71,6 +71,13 @@ MORI_DEVICE_INLINE uint64_t HeapOffset(const ShmemDeviceState& s, const char* op
   return a - s.heapBase;
 }
 
+// The checks every operation on a remote symmetric address makes: a PE in range, then the address range.
+MORI_DEVICE_INLINE uint64_t TargetOffset(const ShmemDeviceState& s, const char* op, int pe, const void* addr,
+                                         size_t bytes) {
+  CheckPe(s, op, pe);
+  return HeapOffset(s, op, pe, addr, bytes);
+}
+
 MORI_DEVICE_INLINE TransportType TransportOf(const ShmemDeviceState& s, int pe) {
   return static_cast<TransportType>(s.transports[pe]);
 }
