@@ -63,10 +63,20 @@ ControlLayout LayOutControl(int nPes, uint32_t qps) {
   return l;
 }
 
+size_t HeapBytesFromEnvironment() {
+  size_t bytes = core::EnvGetSize("MORI_SHMEM_HEAP_SIZE");
+  MORI_CHECK(bytes >= 2 * kShmemHeapUserOffset, ErrorCode::InvalidUsage,
+             "MORI_SHMEM_HEAP_SIZE=%zu is too small (at least %llu bytes)", bytes,
+             static_cast<unsigned long long>(2 * kShmemHeapUserOffset));
+  return bytes;
+}
+
 }  // namespace
 
 Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
-    : bootstrap_(std::move(bootstrap)), allocator_(kShmemHeapUserOffset, kShmemHeapUserOffset + 1) {
+    : bootstrap_(std::move(bootstrap)),
+      heapBytes_(HeapBytesFromEnvironment()),
+      allocator_(kShmemHeapUserOffset, heapBytes_) {
   rank_ = bootstrap_->GetRank();
   nPes_ = bootstrap_->GetNranks();
   topology_ = core::DiscoverHostTopology(*bootstrap_);
@@ -78,10 +88,6 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
   int device = 0;
   MORI_CHECK_GPU(core::GpuGetDevice(&device));
 
-  heapBytes_ = core::EnvGetSize("MORI_SHMEM_HEAP_SIZE");
-  MORI_CHECK(heapBytes_ >= 2 * kShmemHeapUserOffset, ErrorCode::InvalidUsage,
-             "MORI_SHMEM_HEAP_SIZE=%zu is too small (at least %llu bytes)", heapBytes_,
-             static_cast<unsigned long long>(2 * kShmemHeapUserOffset));
   int64_t qps = core::EnvGetInt("MORI_SHMEM_QPS_PER_PE");
   MORI_CHECK(qps >= 1 && qps <= 64, ErrorCode::InvalidUsage, "MORI_SHMEM_QPS_PER_PE=%lld is not in [1, 64]",
              static_cast<long long>(qps));
@@ -111,7 +117,6 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
   std::vector<int> devices;
   for (const auto& p : all) devices.push_back(p.device);
 
-  allocator_ = SymmetricAllocator(kShmemHeapUserOffset, heapBytes_);
   const std::string forced = kTransportChoices[mine.transportChoice];
   MORI_CHECK(forced != "proxy", ErrorCode::NotSupported,
              "MORI_SHMEM_TRANSPORT=proxy: the Proxy transport is not available in this build of mori yet");
@@ -142,12 +147,22 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
     }
   }
 
+  // Which transports any PE uses decides the collective set-up steps every PE takes part in.
+  struct Uses {
+    int p2p, rdma;
+  };
+  bool anyP2p = false;
+  for (const Uses& u : bootstrap_->AllGatherValue(
+           Uses{static_cast<int>(std::count(transports_.begin(), transports_.end(), TransportType::P2P)),
+                static_cast<int>(std::count(transports_.begin(), transports_.end(), TransportType::RDMA))})) {
+    anyP2p = anyP2p || u.p2p > 0;
+    nicAtomics_ = nicAtomics_ || u.rdma > 0;
+  }
+
   // Same-host heaps mapped here (collective over all PEs; cheap where nothing is shared).
   peerBases_.assign(static_cast<size_t>(nPes_), 0);
   peerBases_[static_cast<size_t>(rank_)] = reinterpret_cast<uintptr_t>(heap_.Data());
-  bool anyP2p = std::count(transports_.begin(), transports_.end(), TransportType::P2P) > 0;
-  auto anyP2pAll = bootstrap_->AllGatherValue(static_cast<int>(anyP2p));
-  if (std::count(anyP2pAll.begin(), anyP2pAll.end(), 1) > 0) {
+  if (anyP2p) {
     fdChannel_ = std::make_unique<core::FdChannel>(*bootstrap_);
     peerHeaps_ = core::ExchangeIpcMemory(*bootstrap_, topology_, *fdChannel_, heap_.Data(), heapBytes_);
     for (int pe = 0; pe < nPes_; ++pe) {
@@ -161,9 +176,6 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
   remoteBases_.resize(static_cast<size_t>(nPes_));
   for (int pe = 0; pe < nPes_; ++pe) remoteBases_[static_cast<size_t>(pe)] = all[static_cast<size_t>(pe)].heapBase;
   rkeys_.assign(static_cast<size_t>(nPes_), 0);
-  bool anyRdma = std::count(transports_.begin(), transports_.end(), TransportType::RDMA) > 0;
-  auto anyRdmaAll = bootstrap_->AllGatherValue(static_cast<int>(anyRdma));
-  nicAtomics_ = std::count(anyRdmaAll.begin(), anyRdmaAll.end(), 1) > 0;
   if (nicAtomics_) SetUpRdma();
 
   BuildDeviceState();

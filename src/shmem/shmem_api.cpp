@@ -33,9 +33,15 @@ std::vector<StateUploader>& Uploaders() {
   static std::vector<StateUploader> list;
   return list;
 }
+// The state as last published: what a module that registers late receives. On HOST it is the one copy
+// device functions read.
 ShmemDeviceState& Published() {
+#if MORI_BACKEND_HOST
+  return hostState;
+#else
   static ShmemDeviceState state{};
   return state;
+#endif
 }
 }  // namespace
 
@@ -54,9 +60,6 @@ bool RegisterStateUploader(StateUploader uploader) {
 void PublishDeviceState(const ShmemDeviceState& state) {
   std::lock_guard<std::mutex> lock(detail::RegistryMutex());
   detail::Published() = state;
-#if MORI_BACKEND_HOST
-  detail::hostState = state;
-#endif
   for (auto uploader : detail::Uploaders()) {
     int rc = uploader(&state);
     MORI_CHECK(rc == 0, core::ErrorCode::Gpu, "uploading the SHMEM state to a kernel module failed (error %d)", rc);

@@ -351,13 +351,12 @@ TEST(ShmemTest, SignalOpWaitsAndSingleValues) {
   MORI_CHECK_KERNEL();
   std::vector<uint64_t> r(10);
   ASSERT_EQ(core::GpuMemcpy(r.data(), results, 80), core::kGpuSuccess);
-  int left = (Me() + N() - 1) % N(), right = (Me() + 1) % N();
+  int left = (Me() + N() - 1) % N();
   for (int k = 0; k < 6; ++k) EXPECT_EQ(r[k], 100u + static_cast<uint64_t>(left)) << "wait " << k;
   EXPECT_EQ(static_cast<int64_t>(r[6]), -50 - left);
   EXPECT_EQ(r[7], 0x1234000000000000ull + static_cast<uint64_t>(left));
   EXPECT_EQ(r[8], 100u + static_cast<uint64_t>(Me()));  // what I wrote into my right neighbour
   EXPECT_EQ(static_cast<int64_t>(r[9]), -50 - Me());
-  (void)right;
   ShmemBarrierAll();
   ShmemFree(results);
   ShmemFree(put);
@@ -370,7 +369,6 @@ TEST(ShmemTest, SignalOpWaitsAndSingleValues) {
 template <typename T>
 MORI_GLOBAL void AtomicKernel(T* counters, T* tickets, int iters, uint32_t* errors) {
   int n = ShmemNPes();
-  unsigned tid = core::GlobalThreadIdx();
   for (int i = 0; i < iters; ++i) {
     for (int pe = 0; pe < n; ++pe) {
       // counters[0]: fetch-add 3; [2]: add 5; [4]: compare-swap increments; [6]: fetch-inc.
@@ -389,7 +387,6 @@ MORI_GLOBAL void AtomicKernel(T* counters, T* tickets, int iters, uint32_t* erro
     }
   }
   ShmemQuietThread();
-  (void)tid;
 }
 
 template <typename T>
