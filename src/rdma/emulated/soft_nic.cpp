@@ -321,10 +321,15 @@ void SoftNic::Run() {
 // with everything that decides whether it can move: a stalled queue shows up in the log with its state
 // instead of only as a device-side timeout.
 void SoftNic::WatchProgress(Qp& qp, bool moved, Clock::time_point now) {
-  uint32_t pi = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(&qp.dbrec[kSendDbrIndex])) & 0xffffu;
-  bool pending = !qp.inflight.empty() || !qp.pendingCqes.empty() || !qp.requests.empty() ||
-                 (qp.sqConsumed & 0xffffu) != pi;
-  if (moved || !pending || qp.lastProgress == Clock::time_point{}) {  // (the last: first look at a new QP)
+  // A QP that moved costs nothing more here: the rest is for one that did not.
+  bool pending = false;
+  uint32_t pi = 0;
+  if (!moved) {
+    pi = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(&qp.dbrec[kSendDbrIndex])) & 0xffffu;
+    pending = !qp.inflight.empty() || !qp.pendingCqes.empty() || !qp.requests.empty() ||
+              (qp.sqConsumed & 0xffffu) != pi;
+  }
+  if (!pending || qp.lastProgress == Clock::time_point{}) {  // (the last: first look at a new QP)
     qp.lastProgress = now;
     qp.stallReported = false;
     return;
