@@ -1,0 +1,2 @@
+// Placeholder: written with issue 5.
+int main() { return 1; }
