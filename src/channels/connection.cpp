@@ -1,1 +1,14 @@
-// Placeholder: implemented with issue 5.
+// The Connection base: what every transport's connection shares.
+#include "mori/core/connection.hpp"
+
+#include "mori/core/format.hpp"
+
+namespace mori::core {
+
+Connection::~Connection() = default;
+
+std::string Connection::Describe() const {
+  return StrFormat("%s to rank %d", TransportName(GetTransport()), RemoteRank());
+}
+
+}  // namespace mori::core

@@ -1,1 +1,36 @@
-// Placeholder: implemented with issue 5.
+// A port channel's host object: which semaphore, FIFO and memories its device handle names.
+#include "mori/core/port_channel.hpp"
+
+#include <utility>
+
+#include "mori/core/errors.hpp"
+
+namespace mori::core {
+
+PortChannel::PortChannel(SemaphoreId semaphoreId, std::shared_ptr<Semaphore> semaphore, FifoDeviceHandle fifo,
+                         MemoryId dst, MemoryId src)
+    : semaphoreId_(semaphoreId), semaphore_(std::move(semaphore)), fifo_(fifo), dst_(dst), src_(src) {
+  MORI_CHECK(semaphore_ != nullptr, ErrorCode::InvalidUsage, "PortChannel on semaphore id %u: no semaphore (nullptr)",
+             semaphoreId);
+  MORI_CHECK(fifo_.triggers != nullptr, ErrorCode::InvalidUsage,
+             "PortChannel on semaphore id %u: no FIFO (make port channels with ProxyService::PortChannel)",
+             semaphoreId);
+  MORI_CHECK(semaphoreId < kMaxProxySemaphores && dst < kMaxProxyMemories && src < kMaxProxyMemories,
+             ErrorCode::InvalidUsage,
+             "PortChannel: ids semaphore %u, dst %u, src %u do not fit a request (at most %u semaphores, %u memories)",
+             semaphoreId, dst, src, kMaxProxySemaphores, kMaxProxyMemories);
+}
+
+PortChannelDeviceHandle PortChannel::DeviceHandle() const {
+  MORI_CHECK(semaphore_ != nullptr, ErrorCode::InvalidUsage,
+             "PortChannel::DeviceHandle of an empty channel (made by the default constructor)");
+  PortChannelDeviceHandle h{};
+  h.semaphoreId = semaphoreId_;
+  h.dst = dst_;
+  h.src = src_;
+  h.semaphore = semaphore_->DeviceHandle();
+  h.fifo = fifo_;
+  return h;
+}
+
+}  // namespace mori::core

@@ -1,4 +1,5 @@
-// What a RegisteredMemory holds, shared by the communicator and the connections of every transport.
+// What a RegisteredMemory holds, shared by the communicator and the connections of every transport, and the
+// pieces of its wire format that the communicator and the semaphores use beside the public Serialize.
 #pragma once
 
 #include <array>
@@ -38,24 +39,69 @@ struct RegisteredMemory::Impl {
   bool deviceMemory = false;
   TransportFlags transports;
 
-  // CudaIpc: the exported handle (local) or the peer's (remote) and, for a peer's memory, its mapping here.
+  // CudaIpc: the exported handle (local) or the peer's (remote) and, for a peer's memory, its mapping here
+  // (shared: the semaphore pool maps a peer's pool once for all of its tokens).
   bool hasIpc = false;
   IpcMemoryHandle ipcHandle{};
   UniqueFd ipcFd;  // local: the exported descriptor that SendMemory hands to same-host peers
-  std::unique_ptr<IpcMemoryMapping> mapping;
+  std::shared_ptr<IpcMemoryMapping> mapping;
 
   std::array<RdmaRegistration, kRdmaSlots> rdma{};
 
   // Tcp: the key under which this process's TCP receivers accept writes into it (owner's key for a peer's).
+  // Offsets on the wire are relative to this memory's start: a view has a key of its own.
   bool hasTcp = false;
   uint32_t tcpKey = 0;
 
+  // A view (MakeRegisteredView) keeps the registration it is carved from alive.
+  RegisteredMemory parent;
+
   // Undo the local registrations (NIC regions, TCP key) when the last copy goes.
   std::vector<std::function<void()>> releasers;
+
+  // The descriptor to hand to same-host peers (a view's comes from the memory it is carved from); -1: none.
+  int IpcFd() const {
+    for (const Impl* m = this; m != nullptr; m = m->parent.GetImpl()) {
+      if (m->ipcFd.Valid()) return m->ipcFd.Get();
+    }
+    return -1;
+  }
 
   ~Impl() {
     for (auto it = releasers.rbegin(); it != releasers.rend(); ++it) (*it)();
   }
 };
+
+// Serialize's bytes (little-endian, packed):
+//   header   u32 magic "MGRM", u16 version, u16 entry count, u32 total bytes, i32 owner rank, u64 owner host id,
+//            u64 owner pid, u64 original pointer, u64 size, u32 transport bits, u8 device memory, u8[3] zero
+//   entries  one per transport in the bits, in increasing transport order: u32 transport, u32 payload bytes, then
+//            CudaIpc: IpcMemoryHandle (112 bytes); IBn/Emulated: u64 addr, u32 lkey, u32 rkey, u32 backend,
+//            u32 zero (24 bytes); Tcp: u32 key (4 bytes).
+constexpr uint32_t kRegisteredMemoryMagic = 0x4d52474dU;  // "MGRM"
+constexpr uint16_t kRegisteredMemoryVersion = 1;
+constexpr size_t kRegisteredMemoryHeaderBytes = 56;
+constexpr size_t kRegisteredMemoryEntryHeaderBytes = 8;
+constexpr size_t kRdmaEntryBytes = 24;
+constexpr size_t kTcpEntryBytes = 4;
+
+// Validates `bytes` (Error(Protocol) naming what is wrong) and builds the memory without mapping anything:
+// in the owner's process (same host id and pid) data is the original pointer and the memory is local, else
+// data is nullptr.
+std::shared_ptr<RegisteredMemory::Impl> ParseRegisteredMemory(const std::vector<uint8_t>& bytes);
+
+// CudaIpc memory of another process on this host: what MapRegisteredMemory can map.
+bool NeedsIpcMapping(const RegisteredMemory::Impl& memory);
+// Whether the mapping needs a descriptor beside the handle (memfd, CUDA VMM).
+bool IpcKindNeedsFd(const IpcMemoryHandle& handle);
+// Maps memory for which NeedsIpcMapping holds (data = the mapping); `fd` as IpcMemoryMapping::Import takes it.
+void MapRegisteredMemory(RegisteredMemory::Impl& memory, UniqueFd fd);
+
+// [offset, offset + bytes) of local memory `parent` as memory of its own: the same registrations (CudaIpc
+// handle, NIC keys; a TCP key of its own), Data() and OriginalDataPtr() moved by `offset`. Keeps `parent` alive.
+RegisteredMemory MakeRegisteredView(const RegisteredMemory& parent, uint64_t offset, uint64_t bytes);
+
+// Whether the host cannot load and store `ptr` directly (CUDA/HIP device memory; never on HOST).
+bool IsDeviceMemoryPointer(const void* ptr);
 
 }  // namespace mori::core

@@ -1,3 +1,4 @@
+// Transport names (parsing them back, case-insensitively) and the printable form of a set of transports.
 #include "mori/core/transport.hpp"
 
 #include <cctype>
@@ -6,18 +7,30 @@ namespace mori::core {
 
 const char* TransportName(Transport t) {
   switch (t) {
-    case Transport::Unknown: return "Unknown";
-    case Transport::CudaIpc: return "CudaIpc";
-    case Transport::IB0: return "IB0";
-    case Transport::IB1: return "IB1";
-    case Transport::IB2: return "IB2";
-    case Transport::IB3: return "IB3";
-    case Transport::IB4: return "IB4";
-    case Transport::IB5: return "IB5";
-    case Transport::IB6: return "IB6";
-    case Transport::IB7: return "IB7";
-    case Transport::Tcp: return "Tcp";
-    case Transport::Emulated: return "Emulated";
+    case Transport::Unknown:
+      return "Unknown";
+    case Transport::CudaIpc:
+      return "CudaIpc";
+    case Transport::IB0:
+      return "IB0";
+    case Transport::IB1:
+      return "IB1";
+    case Transport::IB2:
+      return "IB2";
+    case Transport::IB3:
+      return "IB3";
+    case Transport::IB4:
+      return "IB4";
+    case Transport::IB5:
+      return "IB5";
+    case Transport::IB6:
+      return "IB6";
+    case Transport::IB7:
+      return "IB7";
+    case Transport::Tcp:
+      return "Tcp";
+    case Transport::Emulated:
+      return "Emulated";
   }
   return "?";
 }

@@ -36,10 +36,15 @@ class Communicator {
   // the pointer and the transport when the memory cannot be registered for it.
   RegisteredMemory RegisterMemory(void* ptr, size_t bytes, TransportFlags transports);
 
+  // To self (remoteRank == Rank()): the matching RecvMemory gets the same memory back, no bootstrap involved.
   void SendMemory(const RegisteredMemory& memory, int remoteRank, int tag = 0);
   std::shared_future<RegisteredMemory> RecvMemory(int remoteRank, int tag = 0);
 
-  // Both sides call Connect towards each other with the same tag and transport.
+  // Both sides call Connect towards each other with the same tag and transport. Over IBn/Emulated, get() also
+  // waits until the peer's get() has connected its end (no request may reach a queue pair not yet ready), so
+  // ranks take their connections' get() in one consistent order (by increasing peer rank, say).
+  // remoteRank == Rank(): a loopback connection to this process's own memory (IBn, Emulated, Tcp; not CudaIpc),
+  // made without bootstrap messages; its atomics are atomic with the peers' atomics through that NIC.
   std::shared_future<std::shared_ptr<Connection>> Connect(const EndpointConfig& config, int remoteRank, int tag = 0);
 
   // Both sides call it for their ends of one connection.

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "mori/core/errors.hpp"
 #include "mori/core/fifo_device.hpp"
 #include "mori/core/proxy_trigger.hpp"
 
@@ -30,6 +31,8 @@ class Fifo {
   uint32_t Size() const;
   // Tells waiting producers that the consumer is gone for good (they trap naming it instead of timing out).
   void MarkFailed();
+  // The same, naming the kind of failure in the producers' message.
+  void MarkFailed(ErrorCode cause);
 
   FifoDeviceHandle DeviceHandle() const;
 

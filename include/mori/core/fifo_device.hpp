@@ -14,6 +14,36 @@
 
 namespace mori::core {
 
+// What *proxyFailed holds once the proxy failed: 1 + the host's ErrorCode (errors.hpp; fifo.cpp checks the order
+// against the names below), or kFifoFailedUnknown for a failure that was not a mori error.
+constexpr uint32_t kFifoFailedUnknown = 0xFFFFFFFFu;
+
+// ErrorCodeName's words, for device messages (the FIFO test checks that they agree).
+MORI_HOST_DEVICE_INLINE const char* FifoFailureName(uint32_t failed) {
+  switch (failed) {
+    case 1:
+      return "invalid usage";
+    case 2:
+      return "system error";
+    case 3:
+      return "GPU error";
+    case 4:
+      return "RDMA error";
+    case 5:
+      return "timeout";
+    case 6:
+      return "remote failure";
+    case 7:
+      return "protocol error";
+    case 8:
+      return "not supported";
+    case 9:
+      return "internal error";
+    default:
+      return "unknown error";
+  }
+}
+
 struct FifoDeviceHandle {
   ProxyTrigger* triggers;  // [size] ring, host-pinned
   uint64_t* head;          // slots claimed by producers so far (device memory)
@@ -21,7 +51,7 @@ struct FifoDeviceHandle {
   uint32_t* proxyFailed;   // set by the host when its proxy thread failed (host-pinned)
   uint32_t size;           // power of two
   uint32_t reserved;
-  uint64_t timeoutNs;      // bound of every wait (MORI_TIMEOUT_S when built)
+  uint64_t timeoutNs;  // bound of every wait (MORI_TIMEOUT_S when built)
 
 #if MORI_DEVICE_API_AVAILABLE
   // Pushes `n` triggers into consecutive slots; returns the first slot's number. The host sees them in slot
@@ -37,9 +67,9 @@ struct FifoDeviceHandle {
       if (first + n <= popped + size) break;
       CheckProxy();
       MORI_DEVICE_ASSERT(!deadline.Expired(),
-                         "mori fifo: no room for slot %llu for %llu ns (%llu popped, %u slots): is the proxy "
-                         "running?",
-                         static_cast<unsigned long long>(first), static_cast<unsigned long long>(timeoutNs),
+                         "mori fifo: waited %llu ns for room for slot %llu (the proxy popped %llu of a %u-slot "
+                         "ring): is the proxy running?",
+                         static_cast<unsigned long long>(timeoutNs), static_cast<unsigned long long>(first),
                          static_cast<unsigned long long>(popped), size);
       SpinPause();
     }
@@ -57,7 +87,9 @@ struct FifoDeviceHandle {
   MORI_DEVICE_INLINE uint64_t Push(ProxyTrigger trigger) { return Push(&trigger, 1); }
 
   // Whether the host has popped (finished handling) `slot`.
-  MORI_DEVICE_INLINE bool Popped(uint64_t slot) const { return AtomicLoad<MemoryOrder::Acquire, Scope::System>(tail) > slot; }
+  MORI_DEVICE_INLINE bool Popped(uint64_t slot) const {
+    return AtomicLoad<MemoryOrder::Acquire, Scope::System>(tail) > slot;
+  }
 
   // Waits until the host has popped `slot`: for a flush request, until the flush is done.
   MORI_DEVICE_INLINE void Sync(uint64_t slot) const {
@@ -73,9 +105,14 @@ struct FifoDeviceHandle {
     }
   }
 
+  // The failing trigger is never popped, so the tail names it.
   MORI_DEVICE_INLINE void CheckProxy() const {
-    MORI_DEVICE_ASSERT((AtomicLoad<MemoryOrder::Relaxed, Scope::System>(proxyFailed) == 0),
-                       "mori fifo: the proxy serving this FIFO failed (its error is in the host log)");
+    uint32_t failed = AtomicLoad<MemoryOrder::Relaxed, Scope::System>(proxyFailed);
+    MORI_DEVICE_ASSERT(failed == 0,
+                       "mori fifo: the proxy serving this FIFO failed (%s at the trigger in slot %llu; the host "
+                       "log has its message)",
+                       FifoFailureName(failed),
+                       static_cast<unsigned long long>(AtomicLoad<MemoryOrder::Relaxed, Scope::System>(tail)));
   }
 #endif
 };

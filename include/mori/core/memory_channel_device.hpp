@@ -19,9 +19,9 @@ namespace mori::core {
 
 struct MemoryChannelDeviceHandle {
   SemaphoreDeviceHandle semaphore;
-  void* dst;                  // the peer's memory, mapped here
-  void* src;                  // this side's memory
-  void* packetBuffer;         // this side's memory that the peer's PutPackets write into
+  void* dst;           // the peer's memory, mapped here
+  void* src;           // this side's memory
+  void* packetBuffer;  // this side's memory that the peer's PutPackets write into
   uint64_t dstBytes;
   uint64_t srcBytes;
   uint64_t packetBufferBytes;
@@ -53,7 +53,8 @@ struct MemoryChannelDeviceHandle {
 
   // Sends local [srcOffset, + bytes) as packets of round `flag` into the peer's memory at dstOffset (the
   // packets take bytes / P::kDataBytes * sizeof(P) bytes there). `bytes` is a multiple of P::kDataBytes and
-  // srcOffset is aligned to it.
+  // srcOffset is aligned to it; dstOffset is aligned to sizeof(P). `flag` is never 0 and differs from the
+  // flag of the packets already at dstOffset (the previous round's there).
   template <typename P = LL16Packet>
   MORI_DEVICE_INLINE void PutPackets(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes, uint32_t threadId,
                                      uint32_t numThreads, uint32_t flag) {
@@ -63,6 +64,7 @@ struct MemoryChannelDeviceHandle {
                        semaphore.rank, semaphore.remoteRank, static_cast<unsigned long long>(bytes),
                        static_cast<unsigned long long>(srcOffset), static_cast<unsigned long long>(dstOffset),
                        P::kDataBytes, static_cast<unsigned>(sizeof(P)));
+    CheckFlag("PutPackets", flag);
     const uint64_t n = bytes / P::kDataBytes;
     CheckRange("PutPackets", "destination", dstOffset, n * sizeof(P), dstBytes);
     CheckRange("PutPackets", "source", srcOffset, bytes, srcBytes);
@@ -88,6 +90,7 @@ struct MemoryChannelDeviceHandle {
                        semaphore.rank, semaphore.remoteRank, static_cast<unsigned long long>(bytes),
                        static_cast<unsigned long long>(srcOffset), static_cast<unsigned long long>(dstOffset),
                        P::kDataBytes, static_cast<unsigned>(sizeof(P)));
+    CheckFlag("UnpackPackets", flag);
     const uint64_t n = bytes / P::kDataBytes;
     CheckRange("UnpackPackets", "packet buffer", srcOffset, n * sizeof(P), packetBufferBytes);
     CheckRange("UnpackPackets", "destination", dstOffset, bytes, srcBytes);
@@ -119,8 +122,17 @@ struct MemoryChannelDeviceHandle {
                        semaphore.rank, semaphore.remoteRank, op, what, static_cast<unsigned long long>(offset),
                        static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(limit));
   }
+  // Memory that was never written (or was cleared) reads as flag 0 with data 0: a round of flag 0 would
+  // accept it as arrived.
+  MORI_DEVICE_INLINE void CheckFlag(const char* op, uint32_t flag) const {
+    MORI_DEVICE_ASSERT(flag != 0,
+                       "mori memory channel (rank %d, peer %d): %s with flag 0, which cleared memory already carries; "
+                       "number rounds from 1",
+                       semaphore.rank, semaphore.remoteRank, op);
+  }
 #endif
 };
-static_assert(std::is_trivially_copyable_v<MemoryChannelDeviceHandle>, "device handles are copied into kernels as bytes");
+static_assert(std::is_trivially_copyable_v<MemoryChannelDeviceHandle>,
+              "device handles are copied into kernels as bytes");
 
 }  // namespace mori::core

@@ -56,11 +56,12 @@ struct PortChannelDeviceHandle {
  private:
   // Pushes the request (split into requests of at most kMaxTriggerSize bytes); returns the last slot.
   MORI_DEVICE_INLINE uint64_t Request(uint32_t type, uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) {
-    MORI_DEVICE_ASSERT(bytes == 0 || (dstOffset + bytes - 1 <= kMaxTriggerOffset && srcOffset + bytes - 1 <= kMaxTriggerOffset),
-                       "mori port channel (rank %d to %d): [dst %llu, src %llu) + %llu bytes reach beyond the 32-bit "
-                       "offsets of a request",
-                       semaphore.rank, semaphore.remoteRank, static_cast<unsigned long long>(dstOffset),
-                       static_cast<unsigned long long>(srcOffset), static_cast<unsigned long long>(bytes));
+    MORI_DEVICE_ASSERT(
+        bytes == 0 || (dstOffset + bytes - 1 <= kMaxTriggerOffset && srcOffset + bytes - 1 <= kMaxTriggerOffset),
+        "mori port channel (rank %d to %d): [dst %llu, src %llu) + %llu bytes reach beyond the 32-bit "
+        "offsets of a request",
+        semaphore.rank, semaphore.remoteRank, static_cast<unsigned long long>(dstOffset),
+        static_cast<unsigned long long>(srcOffset), static_cast<unsigned long long>(bytes));
     uint64_t slot = 0;
     do {
       uint64_t chunk = bytes < kMaxTriggerSize ? bytes : kMaxTriggerSize;

@@ -43,6 +43,9 @@ class Proxy {
   virtual uint32_t HandleTrigger(const ProxyTrigger& trigger) = 0;
   // Called on the proxy thread when the FIFO was found empty, and once before the thread ends.
   virtual void OnIdle() {}
+  // Stops the thread at once, handling nothing more. A subclass whose handler uses its own members calls it
+  // first thing in its destructor (the thread must not run a handler whose object is half destroyed).
+  void StopProxyWithoutDraining();
 
  private:
   void Run();

@@ -1,3 +1,4 @@
+// The process-wide table of memory TCP peers may address (tcp_registry.hpp): key -> range, checked on every request.
 #include "tcp/tcp_registry.hpp"
 
 #include <map>
