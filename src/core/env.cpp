@@ -35,12 +35,22 @@ const std::vector<EnvParamInfo> kRegistry = {
     {"MORI_RDMA_GID_INDEX", EnvType::Int, "-1", "", "GID index for RoCE; -1 picks 3 on Ethernet ports, 0 on InfiniBand"},
     {"MORI_SHMEM_HEAP_SIZE", EnvType::Size, "1g", "", "bytes of symmetric heap per PE (k, m, g suffixes); the same on every PE"},
     {"MORI_SHMEM_TRANSPORT", EnvType::Choice, "auto", "auto|p2p|rdma|proxy",
-     "forces one SHMEM transport for every pair of PEs (auto: P2P on the same host, else RDMA)"},
+     "forces one SHMEM transport for every pair of PEs (auto: P2P on the same host, else RDMA where the NIC lets "
+     "the GPU post, else Proxy)"},
+    {"MORI_SHMEM_PROXY_CONN", EnvType::Choice, "auto", "auto|rdma|tcp",
+     "connections of the SHMEM Proxy transport: rdma (IB0 on a real NIC, else the emulated NIC), tcp, or auto "
+     "(IB0 when a real verbs NIC exists, else tcp)"},
     {"MORI_SHMEM_QPS_PER_PE", EnvType::Int, "1", "", "RDMA queue pairs per peer PE (threads spread over them by warp)"},
     {"MORI_SHMEM_QUEUE_DEPTH", EnvType::Int, "1024", "", "send-queue depth of each SHMEM RDMA queue pair (power of two)"},
     {"MORI_CUDA_IPC", EnvType::Choice, "auto", "auto|vmm|legacy",
      "how GPU memory is shared with same-host peers: auto (VMM file descriptors when the driver supports "
      "them, else legacy IPC handles), vmm, legacy"},
+    {"MORI_TCP_CHANNELS", EnvType::Int, "4", "",
+     "sockets (channels) per Tcp connection, 1 to 64, bound round-robin to the interfaces of MORI_SOCKET_IFNAME"},
+    {"MORI_TCP_CHUNK_SIZE", EnvType::Size, "512k", "",
+     "bytes per chunk of a Tcp transfer (64 to 64m); chunks are dealt round-robin to the channels"},
+    {"MORI_TCP_WINDOW", EnvType::Int, "16", "",
+     "chunks in flight (sent, not yet acknowledged as written) per channel of a Tcp connection, 1 to 4096"},
 };
 
 std::string Lower(std::string s) {
