@@ -211,7 +211,6 @@ class Pair {
   }
 
   int Rank() const { return rank_; }
-  int Peer() const { return peer_; }
   Bootstrap& Boot() { return *bootstrap_; }
   ProxyService& Service() { return *service_; }
   PortChannelDeviceHandle Handle() const { return channel_.DeviceHandle(); }

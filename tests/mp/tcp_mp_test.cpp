@@ -73,8 +73,6 @@ class Mem {
   Mem& operator=(const Mem&) = delete;
 
   uint8_t* Data() const { return data_; }
-  size_t Bytes() const { return bytes_; }
-  bool Device() const { return device_; }
   uint32_t Key() const { return key_; }
 
   void Set(const std::vector<uint8_t>& v) {

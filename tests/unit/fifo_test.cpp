@@ -54,11 +54,15 @@ TEST(ProxyTriggerTest, LayoutIsFixed) {
   EXPECT_EQ(TriggerLapBit((uint64_t{1} << 40) + 1, 2), kTriggerLapBit);
 }
 
+// Aliases: nvcc's host pass rewrites a member-pointer declarator with parentheses that -Wparentheses rejects.
+using WideField = uint64_t PortRequest::*;
+using NarrowField = uint32_t PortRequest::*;
+
 struct Field {
   const char* name;
   uint64_t max;
-  uint64_t PortRequest::*wide;  // set for the 64-bit fields
-  uint32_t PortRequest::*narrow;
+  WideField wide;  // set for the 64-bit fields
+  NarrowField narrow;
 };
 
 std::vector<Field> Fields() {
