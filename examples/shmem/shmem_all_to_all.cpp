@@ -5,7 +5,7 @@
 // timed); after each, every PE checks all N blocks and that nothing was written past them.
 //
 //   mpirun -np 4 ./shmem_all_to_all [bytes per pair, default 1m]
-//   MORI_SHMEM_TRANSPORT=p2p|rdma picks the transport between PEs.
+//   MORI_SHMEM_TRANSPORT=p2p|rdma|proxy picks the transport between PEs (proxy: MORI_SHMEM_PROXY_CONN=tcp|rdma).
 #include <cstdio>
 #include <string>
 #include <vector>

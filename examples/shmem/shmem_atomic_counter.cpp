@@ -5,7 +5,8 @@
 // checks its ticket counter and that every ticket was drawn once, each thread holding exactly its share.
 //
 //   mpirun -np 4 ./shmem_atomic_counter [iterations]
-//   MORI_SHMEM_TRANSPORT=p2p|rdma picks the transport between PEs (rdma: the NIC performs the atomics).
+//   MORI_SHMEM_TRANSPORT=p2p|rdma|proxy picks the transport between PEs (rdma: the NIC performs the
+//   atomics; proxy: a host thread does, over MORI_SHMEM_PROXY_CONN=tcp|rdma).
 #include <cstdio>
 #include <vector>
 

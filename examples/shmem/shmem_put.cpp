@@ -4,7 +4,7 @@
 // the target are untouched.
 //
 //   mpirun -np 4 ./shmem_put [thread|warp|block|all] [bytes per unit]
-//   MORI_SHMEM_TRANSPORT=p2p|rdma picks the transport between PEs.
+//   MORI_SHMEM_TRANSPORT=p2p|rdma|proxy picks the transport between PEs (proxy: MORI_SHMEM_PROXY_CONN=tcp|rdma).
 #include <cstdio>
 #include <cstring>
 #include <string>

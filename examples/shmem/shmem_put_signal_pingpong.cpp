@@ -5,7 +5,7 @@
 // in flight. PE 0 reports the average half round trip per message size. Further PEs only join barriers.
 //
 //   mpirun -np 2 ./shmem_put_signal_pingpong [iterations]
-//   MORI_SHMEM_TRANSPORT=p2p|rdma picks the transport between PEs.
+//   MORI_SHMEM_TRANSPORT=p2p|rdma|proxy picks the transport between PEs (proxy: MORI_SHMEM_PROXY_CONN=tcp|rdma).
 #include <cstdio>
 #include <vector>
 

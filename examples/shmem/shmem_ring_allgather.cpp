@@ -7,7 +7,7 @@
 //
 //   mpirun -np 4 ./shmem_ring_allgather [block bytes, default 1m] [add|set]
 //   add: the signal counts arrivals (SignalOp::Add 1); set: it holds the step (SignalOp::Set s + 1).
-//   MORI_SHMEM_TRANSPORT=p2p|rdma picks the transport between PEs.
+//   MORI_SHMEM_TRANSPORT=p2p|rdma|proxy picks the transport between PEs (proxy: MORI_SHMEM_PROXY_CONN=tcp|rdma).
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>

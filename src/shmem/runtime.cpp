@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <future>
 #include <string>
 
 #include "mori/core/device.hpp"
@@ -24,7 +26,7 @@ struct PeInfo {
   int32_t device;
   int32_t transportChoice;  // index into kTransportChoices
   uint32_t qpsPerPe;
-  uint32_t reserved;
+  uint32_t gpuPosts;  // 1: this PE's NIC lets the GPU post (IBGDA: a real mlx5 through DirectVerbs, or emulated)
 };
 
 const char* const kTransportChoices[] = {"auto", "p2p", "rdma", "proxy"};
@@ -97,8 +99,16 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
   MORI_CHECK_GPU(core::GpuMemset(heap_.Data(), 0, kShmemHeapUserOffset));
   MORI_CHECK_GPU(core::GpuDeviceSynchronize());
 
-  PeInfo mine{heapBytes_, reinterpret_cast<uintptr_t>(heap_.Data()), device,
-              TransportChoiceIndex(core::EnvGetChoice("MORI_SHMEM_TRANSPORT")), qpsPerPe_, 0};
+  const std::string choice = core::EnvGetChoice("MORI_SHMEM_TRANSPORT");
+  bool everyPeHere = true;
+  for (int pe = 0; pe < nPes_; ++pe) everyPeHere = everyPeHere && topology_.SameHost(pe);
+  // Only auto with peers on other hosts asks which RDMA backend runs (a host-posting one means Proxy).
+  uint32_t gpuPosts = 1;
+  if (choice == "auto" && !everyPeHere) {
+    gpuPosts = rdma::RdmaBackendFromEnvironment() != rdma::RdmaBackendType::IBVerbs ? 1u : 0u;
+  }
+  PeInfo mine{heapBytes_, reinterpret_cast<uintptr_t>(heap_.Data()), device, TransportChoiceIndex(choice), qpsPerPe_,
+              gpuPosts};
   auto all = bootstrap_->AllGatherValue(mine);
   for (int pe = 0; pe < nPes_; ++pe) {
     const PeInfo& p = all[static_cast<size_t>(pe)];
@@ -118,8 +128,6 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
   for (const auto& p : all) devices.push_back(p.device);
 
   const std::string forced = kTransportChoices[mine.transportChoice];
-  MORI_CHECK(forced != "proxy", ErrorCode::NotSupported,
-             "MORI_SHMEM_TRANSPORT=proxy: the Proxy transport is not available in this build of mori yet");
 
   // Per-peer transport: the same rule on every PE, so the matrix is symmetric.
   transports_.assign(static_cast<size_t>(nPes_), TransportType::RDMA);
@@ -142,21 +150,30 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
                  "MORI_SHMEM_TRANSPORT=p2p, but PE %d cannot map PE %d's memory (%s)", rank_, pe,
                  topology_.SameHost(pe) ? "no peer access between their GPUs" : "it is on another host");
       t = TransportType::P2P;
-    } else if (forced == "auto" && mappable) {
-      t = TransportType::P2P;
+    } else if (forced == "proxy") {
+      t = TransportType::Proxy;
+    } else if (forced == "auto") {
+      if (mappable) {
+        t = TransportType::P2P;
+      } else if (mine.gpuPosts == 0 || all[static_cast<size_t>(pe)].gpuPosts == 0) {
+        t = TransportType::Proxy;  // a NIC the GPU cannot post to on either side: the host posts
+      }
     }
   }
 
   // Which transports any PE uses decides the collective set-up steps every PE takes part in.
   struct Uses {
-    int p2p, rdma;
+    int p2p, rdma, proxy;
   };
   bool anyP2p = false;
+  bool anyProxy = false;
   for (const Uses& u : bootstrap_->AllGatherValue(
            Uses{static_cast<int>(std::count(transports_.begin(), transports_.end(), TransportType::P2P)),
-                static_cast<int>(std::count(transports_.begin(), transports_.end(), TransportType::RDMA))})) {
+                static_cast<int>(std::count(transports_.begin(), transports_.end(), TransportType::RDMA)),
+                static_cast<int>(std::count(transports_.begin(), transports_.end(), TransportType::Proxy))})) {
     anyP2p = anyP2p || u.p2p > 0;
     nicAtomics_ = nicAtomics_ || u.rdma > 0;
+    anyProxy = anyProxy || u.proxy > 0;
   }
 
   // Same-host heaps mapped here (collective over all PEs; cheap where nothing is shared).
@@ -177,6 +194,7 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
   for (int pe = 0; pe < nPes_; ++pe) remoteBases_[static_cast<size_t>(pe)] = all[static_cast<size_t>(pe)].heapBase;
   rkeys_.assign(static_cast<size_t>(nPes_), 0);
   if (nicAtomics_) SetUpRdma();
+  if (anyProxy) SetUpProxy(device);
 
   BuildDeviceState();
   PublishDeviceState(state_);
@@ -186,9 +204,11 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
   for (int pe = 0; pe < nPes_; ++pe) {
     summary += (pe ? " " : "") + std::to_string(pe) + ":" + TransportTypeName(transports_[static_cast<size_t>(pe)]);
   }
-  MORI_LOG_INFO(Shmem, "PE %d of %d: heap %zu bytes at %p (%s), device %d, transports [%s]%s", rank_, nPes_,
-                heapBytes_, heap_.Data(), heap_.AllocatorName(), device, summary.c_str(),
-                nicAtomics_ ? ", atomics through the NIC" : "");
+  std::string atomics = proxy_ ? std::string(", atomics through the proxy over ") + core::TransportName(proxyConn_)
+                        : nicAtomics_ ? ", atomics through the NIC"
+                                      : "";
+  MORI_LOG_INFO(Shmem, "PE %d of %d: heap %zu bytes at %p (%s), device %d, transports [%s]%s", rank_, nPes_, heapBytes_,
+                heap_.Data(), heap_.AllocatorName(), device, summary.c_str(), atomics.c_str());
 }
 
 void Runtime::SetUpRdma() {
@@ -243,6 +263,59 @@ void Runtime::SetUpRdma() {
                 ports[0].first->Name().c_str(), rdma::RdmaBackendName(backend), static_cast<long long>(depth));
 }
 
+void Runtime::SetUpProxy(int device) {
+  // Every PE connects over the same channel transport: RDMA (a real NIC, else the emulated one) or TCP.
+  const std::string conn = core::EnvGetChoice("MORI_SHMEM_PROXY_CONN");
+  bool realNic = false;
+  if (conn != "tcp") realNic = rdma::RdmaBackendFromEnvironment() != rdma::RdmaBackendType::Emulated;
+  core::Transport t = conn == "tcp"    ? core::Transport::Tcp
+                      : conn == "rdma" ? (realNic ? core::Transport::IB0 : core::Transport::Emulated)
+                                       : (realNic ? core::Transport::IB0 : core::Transport::Tcp);
+  auto chosen = bootstrap_->AllGatherValue(static_cast<uint32_t>(t));
+  for (int pe = 0; pe < nPes_; ++pe) {
+    auto theirs = static_cast<core::Transport>(chosen[static_cast<size_t>(pe)]);
+    if (theirs == t) continue;
+    MORI_CHECK(conn == "auto", ErrorCode::InvalidUsage,
+               "MORI_SHMEM_PROXY_CONN=%s: PE %d connects over %s but PE %d over %s (one has a real NIC, the other "
+               "not); every PE must use the same transport",
+               conn.c_str(), rank_, core::TransportName(t), pe, core::TransportName(theirs));
+  }
+  if (conn == "auto" && std::any_of(chosen.begin(), chosen.end(), [&](uint32_t c) { return c != chosen[0]; })) {
+    t = core::Transport::Tcp;  // not every PE has a NIC: the one transport they all have
+  }
+  proxyConn_ = t;
+
+  // Tags of this runtime's exchanges, apart from what a program's own communicator might use.
+  constexpr int kTag = 0x5348;
+  comm_ = std::make_unique<core::Communicator>(bootstrap_);
+  ShmemProxy::Setup setup;
+  setup.rank = rank_;
+  setup.nPes = nPes_;
+  setup.heapBase = reinterpret_cast<uintptr_t>(heap_.Data());
+  setup.heapBytes = heapBytes_;
+  setup.heap = comm_->RegisterMemory(heap_.Data(), heapBytes_, t);
+  proxyScratch_ = core::GpuBuffer(ShmemProxy::ScratchBytes(), core::MemoryType::HostPinned);
+  std::memset(proxyScratch_.Data(), 0, ShmemProxy::ScratchBytes());
+  setup.scratch = comm_->RegisterMemory(proxyScratch_.Data(), ShmemProxy::ScratchBytes(), t);
+
+  for (int pe = 0; pe < nPes_; ++pe) comm_->SendMemory(setup.heap, pe, kTag);
+  std::vector<std::shared_future<core::RegisteredMemory>> heaps;
+  for (int pe = 0; pe < nPes_; ++pe) heaps.push_back(comm_->RecvMemory(pe, kTag));
+  core::EndpointConfig config;
+  config.transport = t;
+  config.device = device;
+  std::vector<std::shared_future<std::shared_ptr<core::Connection>>> connections;
+  for (int pe = 0; pe < nPes_; ++pe) connections.push_back(comm_->Connect(config, pe, kTag));
+  for (int pe = 0; pe < nPes_; ++pe) {
+    setup.heaps.push_back(heaps[static_cast<size_t>(pe)].get());
+    setup.connections.push_back(connections[static_cast<size_t>(pe)].get());
+  }
+  proxy_ = std::make_unique<ShmemProxy>(std::move(setup), device);
+  proxy_->StartProxy();
+  MORI_LOG_INFO(Shmem, "PE %d: SHMEM proxy started, %d connections over %s (MORI_SHMEM_PROXY_CONN=%s)", rank_, nPes_,
+                core::TransportName(t), conn.c_str());
+}
+
 void Runtime::BuildDeviceState() {
   ControlLayout l = LayOutControl(nPes_, qpsPerPe_);
   control_ = core::GpuBuffer(l.total, core::MemoryType::Device);
@@ -283,6 +356,11 @@ void Runtime::BuildDeviceState() {
   state_.barrierSeq = reinterpret_cast<uint64_t*>(base + l.barrierSeq);
   deviceLocalRegions_ = reinterpret_cast<ShmemLocalRegion*>(base + l.localRegions);
   state_.localRegions = deviceLocalRegions_;
+  if (proxy_) {
+    state_.proxyFifo = proxy_->FifoHandle();
+    state_.proxyResults = proxyScratch_.DataAs<uint64_t>();
+    state_.proxyAtomics = 1;
+  }
 }
 
 Runtime::~Runtime() {
@@ -295,6 +373,16 @@ void Runtime::Finalize() {
   if (finalized_) return;
   finalized_ = true;
   (void)core::GpuDeviceSynchronize();
+  std::exception_ptr proxyError;
+  if (proxy_) {
+    // What this PE's kernels asked for is complete at its targets before the others may tear down.
+    try {
+      proxy_->StopProxy();
+      proxy_->FlushAll();
+    } catch (...) {
+      proxyError = std::current_exception();
+    }
+  }
   bootstrap_->Barrier();  // every PE's kernels are done: nothing writes into the heaps any more
   ShmemDeviceState cleared{};
   PublishDeviceState(cleared);
@@ -309,11 +397,15 @@ void Runtime::Finalize() {
   localRegions_.clear();
   nic_ = nullptr;
   rdmaContext_.reset();
-  bootstrap_->Barrier();  // every PE's NIC has stopped before the mappings go
+  proxy_.reset();  // its connections close
+  comm_.reset();
+  bootstrap_->Barrier();  // every PE's NIC and connections have stopped before the mappings go
   peerHeaps_.clear();
   fdChannel_.reset();
   control_ = core::GpuBuffer();
   heap_ = core::GpuBuffer();
+  proxyScratch_ = core::GpuBuffer();
+  if (proxyError) std::rethrow_exception(proxyError);
 }
 
 TransportType Runtime::Transport(int pe) const {
@@ -411,6 +503,7 @@ void Runtime::RegisterBuffer(void* ptr, size_t bytes) {
   }
   // Without a NIC nothing reads local memory through one (loads and stores reach it all): only remembered.
   uint32_t lkey = nic_ != nullptr ? nic_->RegisterRdmaMemoryRegion(ptr, bytes).lkey : ~0u;
+  if (proxy_) proxy_->AddRegion(ptr, comm_->RegisterMemory(ptr, bytes, proxyConn_));
   localRegions_.push_back(ShmemLocalRegion{reinterpret_cast<uintptr_t>(ptr), bytes, lkey, 0});
   UploadLocalRegions();
 }
@@ -423,6 +516,7 @@ void Runtime::UnregisterBuffer(void* ptr) {
   MORI_CHECK_GPU(core::GpuDeviceSynchronize());
   localRegions_.erase(it);
   UploadLocalRegions();
+  if (proxy_) proxy_->RemoveRegion(ptr);
   if (nic_ != nullptr) nic_->DeregisterRdmaMemoryRegion(ptr);
 }
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mori/core/bootstrap.hpp"
+#include "mori/core/communicator.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/host_topology.hpp"
 #include "mori/core/ipc.hpp"
@@ -15,6 +16,7 @@
 #include "mori/rdma/rdma.hpp"
 #include "mori/shmem/shmem_device_state.hpp"
 #include "mori/shmem/shmem_types.hpp"
+#include "shmem_proxy.hpp"
 #include "symmetric_heap.hpp"
 
 namespace mori::shmem {
@@ -49,6 +51,7 @@ class Runtime {
  private:
   void ChooseTransports();
   void SetUpRdma();
+  void SetUpProxy(int device);
   void BuildDeviceState();
   void UploadLocalRegions();
 
@@ -79,6 +82,13 @@ class Runtime {
   core::GpuBuffer control_;
   ShmemLocalRegion* deviceLocalRegions_ = nullptr;
   ShmemDeviceState state_{};
+
+  // Proxy transport (when any PE uses it): connections to every PE over one channel transport, and the
+  // thread that executes the kernels' requests on them. Declared last: stopped before the heap goes.
+  core::Transport proxyConn_ = core::Transport::Unknown;
+  std::unique_ptr<core::Communicator> comm_;
+  core::GpuBuffer proxyScratch_;
+  std::unique_ptr<ShmemProxy> proxy_;
 
   std::mutex mutex_;
   SymmetricAllocator allocator_;

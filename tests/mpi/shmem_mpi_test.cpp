@@ -1,5 +1,5 @@
 // The SHMEM runtime and device API under `mpirun -np N` (ctest runs 2 and 4 PEs under each forced
-// transport: MORI_SHMEM_TRANSPORT=p2p and rdma). Kernels run many threads at once; every test fills with
+// transport: MORI_SHMEM_TRANSPORT=p2p, rdma and proxy). Kernels run many threads at once; every test fills with
 // rank- and index-dependent patterns, checks every byte that should have arrived and that the bytes around
 // it were not touched.
 #include <gtest/gtest.h>
@@ -120,13 +120,15 @@ TEST(ShmemTest, InitQueriesAndTransports) {
       EXPECT_EQ(t, TransportType::P2P) << "pe " << pe;
     } else if (f == "rdma") {
       EXPECT_EQ(t, TransportType::RDMA) << "pe " << pe;
+    } else if (f == "proxy") {
+      EXPECT_EQ(t, TransportType::Proxy) << "pe " << pe;
     }
   }
   auto* p = static_cast<uint8_t*>(ShmemMalloc(4096));
   ASSERT_NE(p, nullptr);
   EXPECT_EQ(ShmemPtr(p, Me()), p);
   for (int pe = 0; pe < N(); ++pe) {
-    bool mapped = ShmemTransportType(pe) != TransportType::RDMA;
+    bool mapped = ShmemTransportType(pe) == TransportType::Self || ShmemTransportType(pe) == TransportType::P2P;
     EXPECT_EQ(ShmemPtr(p, pe) != nullptr, mapped) << "pe " << pe;
   }
   EXPECT_EQ(ShmemPtr(reinterpret_cast<uint8_t*>(ShmemHeapBase()) + ShmemHeapBytes() + 100000, 0), nullptr);

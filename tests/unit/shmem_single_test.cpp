@@ -1,11 +1,12 @@
 // SHMEM in one process (a job of one, or two processes forked with a unique id): the allocator, bad input
 // on host and device (a clear message that names the cause, never a crash or corruption), a peer that dies,
-// and every family on the Self transport.
+// every family on the Self transport, and two forked PEs over P2P, RDMA and the Proxy transport.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -26,6 +27,13 @@ int LaunchFromSecondTranslationUnit(uint64_t* words);
 namespace {
 
 using core::Dim3;
+
+// A pointer as the device's %p prints it.
+std::string StrPointer(const void* p) {
+  char text[32];
+  snprintf(text, sizeof(text), "%p", p);
+  return text;
+}
 
 TEST(SymmetricAllocatorTest, AlignsSplitsAndCoalescesBothSides) {
   SymmetricAllocator a(4096, 4096 + (1 << 20));
@@ -134,12 +142,12 @@ std::string RunBad(int what, uint8_t* heapPtr, size_t bytes) {
 class ShmemSingleTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!MORI_BACKEND_HOST) GTEST_SKIP() << "device traps end the GPU context; the HOST backend tests them";
     setenv("MORI_SHMEM_HEAP_SIZE", "8m", 1);
   }
 };
 
 TEST_F(ShmemSingleTest, DeviceBadInputTrapsWithTheCause) {
+  if (!MORI_BACKEND_HOST) GTEST_SKIP() << "device traps end the GPU context; the HOST backend tests them";
   uint8_t dummy[64];
   EXPECT_NE(RunBad(0, dummy, 8).find("before ShmemInit"), std::string::npos);
   ASSERT_EQ(ShmemInit(), 0);
@@ -184,8 +192,14 @@ TEST_F(ShmemSingleTest, HostBadInputIsAnErrorCode) {
   EXPECT_NE(p, nullptr);
   ShmemFree(p);
   ASSERT_EQ(ShmemFinalize(), 0);
+  // A job of one under a forced Proxy transport has no pair to force: Self only, no proxy thread.
   setenv("MORI_SHMEM_TRANSPORT", "proxy", 1);
-  EXPECT_NE(ShmemInit(), 0) << "the Proxy transport does not exist in this build";
+  ASSERT_EQ(ShmemInit(), 0);
+  EXPECT_EQ(ShmemTransportType(0), TransportType::Self);
+  ASSERT_EQ(ShmemFinalize(), 0);
+  setenv("MORI_SHMEM_TRANSPORT", "carrier-pigeon", 1);
+  EXPECT_NE(ShmemInit(), 0) << "an unknown transport";
+  EXPECT_FALSE(ShmemIsInitialized());
   unsetenv("MORI_SHMEM_TRANSPORT");
 }
 
@@ -301,6 +315,30 @@ MORI_GLOBAL void PairKernel(uint8_t* dst, const uint8_t* src, size_t bytes, uint
   ShmemBarrierAllBlock();
 }
 
+MORI_HOST_DEVICE_INLINE uint16_t PairValue(int pe, size_t i) {
+  return static_cast<uint16_t>(static_cast<size_t>(pe) * 40503u + i * 7u + 1u);
+}
+
+// More single-value puts than the proxy's staging ring holds, odd-sized values at every 2-byte offset, then
+// single-value gets of what this PE put at the peer.
+MORI_GLOBAL void PairValuesKernel(uint16_t* vals, size_t count, uint32_t* bad) {
+  int me = ShmemMyPe(), peer = 1 - me;
+  unsigned t = core::FlatThreadIdx(), n = core::FlatBlockDim();
+  for (size_t i = t; i < count; i += n) ShmemPutTypeImmNbiThread<uint16_t>(&vals[i], PairValue(me, i), peer);
+  ShmemQuietThread();
+  ShmemBarrierAllBlock();
+  const volatile uint16_t* got = vals;
+  for (size_t i = t; i < count; i += n) {
+    bool wrong = got[i] != PairValue(peer, i);
+    if (i % 97 == 0) wrong = wrong || ShmemGetTypeImmThread<uint16_t>(&vals[i], peer) != PairValue(me, i);
+    if (wrong) {
+      core::AtomicFetchAdd(bad, 1u);
+      break;
+    }
+  }
+  ShmemBarrierAllBlock();
+}
+
 int RunPair(const mori_shmem_uniqueid_t& uid, int rank) {
   mori_shmem_uniqueid_t id = uid;
   mori_shmem_init_attr_t attr;
@@ -313,7 +351,9 @@ int RunPair(const mori_shmem_uniqueid_t& uid, int rank) {
   auto* src = static_cast<uint8_t*>(ShmemMalloc(bytes));
   auto* words = static_cast<uint64_t*>(ShmemCalloc(4, 8));
   auto* bad = static_cast<uint32_t*>(ShmemCalloc(1, 4));
-  if (!dst || !src || !words || !bad) return 11;
+  const size_t values = 5003;
+  auto* vals = static_cast<uint16_t*>(ShmemCalloc(values, sizeof(uint16_t)));
+  if (!dst || !src || !words || !bad || !vals) return 11;
   std::vector<uint8_t> pattern(bytes);
   core::test::FillPattern(pattern.data(), bytes, rank, 5);
   if (core::GpuMemcpy(src, pattern.data(), bytes) != core::kGpuSuccess) return 12;
@@ -332,15 +372,29 @@ int RunPair(const mori_shmem_uniqueid_t& uid, int rank) {
   if (w[1] != threads * 25) rc = 16;                      // fetch-adds from the peer
   uint64_t want32 = rank == 0 ? uint64_t(2) * 2 * threads * 25 : 0;
   if ((w[2] & 0xffffffffu) != want32 || (w[2] >> 32) != 0) rc = 17;  // 32-bit adds from both PEs to PE 0
+  core::LaunchKernel(PairValuesKernel, Dim3(1), Dim3(threads), 0, nullptr, vals, values, bad);
+  if (core::GpuDeviceSynchronize() != core::kGpuSuccess) return 19;
+  if (core::GpuMemcpy(&b, bad, 4) != core::kGpuSuccess || b != 0) rc = 20;  // single values lost or wrong
   if (ShmemFinalize() != 0 && rc == 0) rc = 18;
   return rc;
 }
 
 class ShmemPairTest : public ShmemSingleTest, public ::testing::WithParamInterface<const char*> {};
 
+// "proxy:tcp" -> MORI_SHMEM_TRANSPORT=proxy, MORI_SHMEM_PROXY_CONN=tcp.
+void SetTransportFromParam(const std::string& param) {
+  size_t colon = param.find(':');
+  setenv("MORI_SHMEM_TRANSPORT", param.substr(0, colon).c_str(), 1);
+  if (colon != std::string::npos) {
+    setenv("MORI_SHMEM_PROXY_CONN", param.substr(colon + 1).c_str(), 1);
+  } else {
+    unsetenv("MORI_SHMEM_PROXY_CONN");
+  }
+}
+
 TEST_P(ShmemPairTest, EveryFamilyBetweenTwoForkedPes) {
   if (IsSkipped()) return;
-  setenv("MORI_SHMEM_TRANSPORT", GetParam(), 1);
+  SetTransportFromParam(GetParam());
   setenv("MORI_TIMEOUT_S", "60", 1);
   mori_shmem_uniqueid_t uid;
   ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
@@ -353,9 +407,173 @@ TEST_P(ShmemPairTest, EveryFamilyBetweenTwoForkedPes) {
   EXPECT_EQ(rc, 0) << "PE 0 (see RunPair for the code)";
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "PE 1 status " << status;
   unsetenv("MORI_SHMEM_TRANSPORT");
+  unsetenv("MORI_SHMEM_PROXY_CONN");
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ShmemPairTest, ::testing::Values("p2p", "rdma"));
+INSTANTIATE_TEST_SUITE_P(Transports, ShmemPairTest, ::testing::Values("p2p", "rdma", "proxy:tcp", "proxy:rdma"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), ':', '_');
+                           return name;
+                         });
+
+// Bad input over the Proxy transport: a PE out of range, a target outside the heap and a source the proxy
+// cannot reach trap with a message naming PE, peer and address; the runtime still finalises afterwards.
+MORI_GLOBAL void ProxyBadKernel(int what, uint8_t* heapPtr, uint8_t* outside) {
+  int peer = 1 - ShmemMyPe();
+  switch (what) {
+    case 0:
+      ShmemPutMemNbiThread(heapPtr, heapPtr + 8, 8, 7);
+      break;
+    case 1:
+      ShmemPutMemNbiThread(outside, heapPtr, 8, peer);
+      break;
+    case 2:
+      ShmemPutMemNbiSignalThread(heapPtr, outside, 8, reinterpret_cast<uint64_t*>(heapPtr), 1, SignalOp::Set, peer);
+      break;
+    case 3:
+      ShmemGetMemThread(outside, heapPtr, 8, peer);
+      break;
+    case 4:
+      ShmemPutMemNbiThread(heapPtr, outside, 8, peer);
+      break;
+  }
+}
+
+int RunProxyBad(const mori_shmem_uniqueid_t& uid, int rank) {
+  mori_shmem_uniqueid_t id = uid;
+  mori_shmem_init_attr_t attr;
+  if (ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) != 0 || ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) != 0) {
+    return 10;
+  }
+  if (ShmemTransportType(1 - rank) != TransportType::Proxy) return 11;
+  auto* heap = static_cast<uint8_t*>(ShmemCalloc(1, 64));
+  core::GpuBuffer outside(64);
+  if (heap == nullptr) return 12;
+  const char* expected[] = {"target pe 7 is not in [0, 2)", "is not inside the symmetric heap",
+                            "so the proxy cannot read it", "so the proxy cannot reach it",
+                            "so the proxy cannot reach it"};
+  for (int what = 0; what < 5; ++what) {
+    ::testing::internal::CaptureStderr();
+    core::LaunchKernel(ProxyBadKernel, Dim3(1), Dim3(1), 0, nullptr, what, heap, outside.DataAs<uint8_t>());
+    core::GpuStatus launch = core::GpuGetLastError();
+    core::GpuStatus sync = core::GpuDeviceSynchronize();
+    std::string err = ::testing::internal::GetCapturedStderr();
+    if (launch == core::kGpuSuccess && sync == core::kGpuSuccess) return 20 + what;  // it should have trapped
+    if (err.find(expected[what]) == std::string::npos) {
+      fprintf(stderr, "PE %d, case %d: expected '%s' in: %s\n", rank, what, expected[what], err.c_str());
+      return 30 + what;
+    }
+    if (what >= 2 && err.find(StrPointer(outside.Data())) == std::string::npos) {
+      fprintf(stderr, "PE %d, case %d: the message does not name %p: %s\n", rank, what, outside.Data(), err.c_str());
+      return 40 + what;
+    }
+  }
+  // After registering it, the same buffer is a fine source and destination.
+  if (ShmemBufferRegister(outside.Data(), 64) != 0) return 50;
+  ShmemBarrierAll();
+  if (ShmemFinalize() != 0) return 51;
+  return 0;
+}
+
+TEST_F(ShmemSingleTest, ProxyBadInputTrapsWithTheCause) {
+  if (!MORI_BACKEND_HOST) GTEST_SKIP() << "device traps end the GPU context; the HOST backend tests them";
+  setenv("MORI_SHMEM_TRANSPORT", "proxy", 1);
+  setenv("MORI_SHMEM_PROXY_CONN", "tcp", 1);
+  setenv("MORI_TIMEOUT_S", "60", 1);
+  mori_shmem_uniqueid_t uid;
+  ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(RunProxyBad(uid, 1));
+  int rc = RunProxyBad(uid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(rc, 0) << "PE 0 (see RunProxyBad for the code)";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "PE 1 status " << status;
+  unsetenv("MORI_SHMEM_TRANSPORT");
+  unsetenv("MORI_SHMEM_PROXY_CONN");
+}
+
+// Over the Proxy transport a peer that died fails the proxy with a message naming it; the kernel waiting on
+// the proxy traps instead of hanging.
+MORI_GLOBAL void ProxyPutQuietKernel(uint8_t* dst, size_t bytes, int pe) {
+  ShmemPutMemNbiThread(dst, dst + bytes, bytes, pe);
+  ShmemQuietThread();
+}
+
+TEST_F(ShmemSingleTest, ProxyPeerThatDiesFailsTheProxyNamingIt) {
+  if (!MORI_BACKEND_HOST) GTEST_SKIP() << "device traps end the GPU context; the HOST backend tests them";
+  setenv("MORI_SHMEM_TRANSPORT", "proxy", 1);
+  setenv("MORI_SHMEM_PROXY_CONN", "tcp", 1);
+  setenv("MORI_TIMEOUT_S", "5", 1);
+  mori_shmem_uniqueid_t uid;
+  ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
+  const size_t bytes = 100000;
+  auto start = [&uid](int rank) {
+    mori_shmem_uniqueid_t id = uid;
+    mori_shmem_init_attr_t attr;
+    return ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) == 0 &&
+           ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) == 0;
+  };
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    if (!start(1) || ShmemMalloc(2 * bytes) == nullptr) _exit(2);
+    ShmemBarrierAll();
+    _exit(0);  // dies without finalize
+  }
+  ASSERT_TRUE(start(0));
+  auto* p = static_cast<uint8_t*>(ShmemMalloc(2 * bytes));
+  ASSERT_NE(p, nullptr);
+  ShmemBarrierAll();
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "PE 1 status " << status;
+  // Its own stream, synchronised alone: the dead link's threads release their streams meanwhile.
+  core::GpuStream stream = nullptr;
+  ASSERT_EQ(core::GpuStreamCreate(&stream), core::kGpuSuccess);
+  ::testing::internal::CaptureStderr();
+  core::LaunchKernel(ProxyPutQuietKernel, Dim3(1), Dim3(1), 0, stream, p, bytes, 1);
+  core::GpuStatus launch = core::GpuGetLastError();
+  core::GpuStatus sync = core::GpuStreamSynchronize(stream);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(core::GpuStreamDestroy(stream), core::kGpuSuccess);
+  EXPECT_TRUE(launch != core::kGpuSuccess || sync != core::kGpuSuccess) << "the kernel should have trapped";
+  EXPECT_NE(err.find("proxy serving this FIFO failed"), std::string::npos) << err;
+  EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
+  unsetenv("MORI_SHMEM_TRANSPORT");
+  unsetenv("MORI_SHMEM_PROXY_CONN");
+  unsetenv("MORI_TIMEOUT_S");
+}
+
+// A connection choice that is not one of auto|rdma|tcp fails init on both PEs (no hang).
+TEST_F(ShmemSingleTest, ProxyConnectionChoiceMustBeKnown) {
+  setenv("MORI_SHMEM_TRANSPORT", "proxy", 1);
+  setenv("MORI_SHMEM_PROXY_CONN", "smoke-signals", 1);
+  setenv("MORI_TIMEOUT_S", "20", 1);
+  mori_shmem_uniqueid_t uid;
+  ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
+  auto init = [&uid](int rank) {
+    mori_shmem_uniqueid_t id = uid;
+    mori_shmem_init_attr_t attr;
+    if (ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) != 0) return 2;
+    return ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) != 0 && !ShmemIsInitialized() ? 0 : 1;
+  };
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(init(1));
+  ::testing::internal::CaptureStderr();
+  int rc = init(0);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(rc, 0) << "PE 0's init should have failed";
+  EXPECT_NE(err.find("MORI_SHMEM_PROXY_CONN"), std::string::npos) << err;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "PE 1 status " << status;
+  unsetenv("MORI_SHMEM_TRANSPORT");
+  unsetenv("MORI_SHMEM_PROXY_CONN");
+}
 
 }  // namespace
 }  // namespace mori::shmem

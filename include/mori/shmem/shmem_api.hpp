@@ -43,8 +43,9 @@ void ShmemBarrierAll();
 TransportType ShmemTransportType(int pe);
 const char* TransportTypeName(TransportType type);
 
-// Registers a local buffer outside the heap with the NIC, so RDMA puts may read from it and gets may land
-// in it (the heap itself needs nothing). Not collective. 0 on success.
+// Registers a local buffer outside the heap with the NIC and the proxy's connections, so RDMA and Proxy puts
+// may read from it and gets may land in it (the heap itself needs nothing). Not collective. 0 on success.
+// Unregister only after a quiet that covers every operation using the buffer.
 int ShmemBufferRegister(void* ptr, size_t bytes);
 int ShmemBufferUnregister(void* ptr);
 

@@ -19,6 +19,12 @@ namespace detail {
 
 // Set or add `value` at `offset` in pe's heap, ordered after this thread's earlier puts to pe.
 MORI_DEVICE_INLINE void SignalAt(const ShmemDeviceState& s, int pe, uint64_t offset, uint64_t value, SignalOp op) {
+  if (ViaProxy(s)) {
+    // Data sent through this PE's own QPs is not ordered with the proxy's connection: complete it first.
+    if (TransportOf(s, pe) == TransportType::RDMA) QuietPe(s, pe);
+    ProxySignal(s, pe, offset, value, op);
+    return;
+  }
   if (AtomicsViaNic(s, pe)) {
     if (op == SignalOp::Set) {
       RdmaPut(s, "signal", pe, offset, &value, sizeof(value), false);
@@ -63,8 +69,16 @@ MORI_DEVICE_INLINE void Transfer(const char* op, void* dst, const void* src, siz
       }
       GroupSync<G>();
       break;
-    default:
-      ProxyUnavailable(s, op, pe);
+    case TransportType::Proxy:
+      // Every thread's part of the source is written before the proxy reads it.
+      if constexpr (D == Direction::Put && G != Group::Thread) SystemFence();
+      GroupSync<G>();
+      if (GroupRank<G>() == 0) {
+        ProxyTransfer(s, op, D == Direction::Put ? ProxyOp::Put : ProxyOp::Get, pe, offset,
+                      D == Direction::Put ? src : static_cast<const void*>(dst), bytes, wait);
+      }
+      GroupSync<G>();
+      break;
   }
 }
 
@@ -94,8 +108,24 @@ MORI_DEVICE_INLINE void PutSignalNbi(const char* op, void* dest, const void* sou
       }
       GroupSync<G>();
       break;
-    default:
-      ProxyUnavailable(s, op, pe);
+    case TransportType::Proxy:
+      if constexpr (G != Group::Thread) SystemFence();
+      GroupSync<G>();
+      if (GroupRank<G>() == 0) {
+        // One request: the proxy issues the signal after the data on the same connection, which orders it.
+        if (bytes > 0) {
+          MORI_DEVICE_ASSERT(ProxyReachable(s, source, bytes),
+                             "mori shmem: %s on PE %d (pe %d): source %p (%llu bytes) is neither in the symmetric "
+                             "heap nor registered with ShmemBufferRegister, so the proxy cannot read it",
+                             op, s.rank, pe, source, static_cast<unsigned long long>(bytes));
+        }
+        core::ProxyTrigger r[3] = {ProxyHead(ProxyOp::PutSignal, 3, pe, bytes, static_cast<uint32_t>(sigOp)),
+                                   ProxyPayload(reinterpret_cast<uintptr_t>(source), offset),
+                                   ProxyPayload(sigVal, sigOffset)};
+        ProxyPush(s, r, 3);
+      }
+      GroupSync<G>();
+      break;
   }
 }
 
@@ -119,16 +149,25 @@ constexpr NicNative kNoNicNative{false, rdma::AtomicOp::FetchAdd, 0, 0, true};
 
 // One atomic: `local` runs on the mapped address when the PE is reached by loads and stores; through the NIC
 // an 8-byte `native` operation when given, else `update` (old -> new, false: leave it) in a compare-swap loop.
+// How the proxy performs an atomic: the operation, its operands, and whether the caller waits for the old
+// value.
+struct ProxyAmoArgs {
+  ProxyAmo amo;
+  uint64_t value;
+  uint64_t compare;
+  bool fetch;
+};
+
 template <typename T, typename Local, typename Update>
-MORI_DEVICE_INLINE T AtomicOpImpl(const char* op, T* dest, int pe, Local local, Update update,
+MORI_DEVICE_INLINE T AtomicOpImpl(const char* op, T* dest, int pe, ProxyAmoArgs viaProxy, Local local, Update update,
                                   NicNative native = kNoNicNative) {
   static_assert(kAtomicType<T>, "SHMEM atomics take int32_t, uint32_t, int64_t or uint64_t");
   const ShmemDeviceState& s = Checked(op);
   uint64_t offset = TargetOffset(s, op, pe, dest, sizeof(T));
   CheckAtomicTarget(s, op, pe, dest);
-  if (TransportOf(s, pe) == TransportType::Proxy) {
-    ProxyUnavailable(s, op, pe);
-    return T{};
+  if (ViaProxy(s)) {
+    return static_cast<T>(
+        ProxyAtomic(s, pe, offset, viaProxy.amo, sizeof(T), viaProxy.value, viaProxy.compare, viaProxy.fetch));
   }
   if (!AtomicsViaNic(s, pe)) return local(PeerAddress<T>(s, pe, offset));
   if (sizeof(T) == 8 && native.use) {
@@ -196,8 +235,9 @@ MORI_DEVICE_INLINE void ShmemPutTypeImmNbiThread(T* dest, T value, int pe) {
     case TransportType::RDMA:
       detail::RdmaPut(s, op, pe, offset, &value, sizeof(T), false);  // inline: the value travels in the WQE
       break;
-    default:
-      detail::ProxyUnavailable(s, op, pe);
+    case TransportType::Proxy:
+      detail::ProxyPutInline(s, pe, offset, &value, sizeof(T));  // the value travels in the request
+      break;
   }
 }
 
@@ -219,8 +259,11 @@ MORI_DEVICE_INLINE T ShmemGetTypeImmThread(const T* source, int pe) {
       memcpy(&out, &word, sizeof(T));
       break;
     }
-    default:
-      detail::ProxyUnavailable(s, op, pe);
+    case TransportType::Proxy: {
+      uint64_t word = detail::ProxyGetSmall(s, pe, offset, sizeof(T));
+      memcpy(&out, &word, sizeof(T));
+      break;
+    }
   }
   return out;
 }
@@ -231,7 +274,6 @@ MORI_DEVICE_INLINE void ShmemSignalOpThread(uint64_t* sigAddr, uint64_t val, Sig
   const char* name = "ShmemSignalOpThread";
   const ShmemDeviceState& s = detail::Checked(name);
   uint64_t offset = detail::TargetOffset(s, name, pe, sigAddr, sizeof(uint64_t));
-  if (detail::TransportOf(s, pe) == TransportType::Proxy) return detail::ProxyUnavailable(s, name, pe);
   detail::SignalAt(s, pe, offset, val, op);
 }
 
@@ -264,6 +306,7 @@ template <typename T>
 MORI_DEVICE_INLINE T ShmemAtomicTypeFetchAddThread(T* dest, T value, int pe) {
   return detail::AtomicOpImpl(
       "ShmemAtomicTypeFetchAddThread", dest, pe,
+      detail::ProxyAmoArgs{ProxyAmo::FetchAdd, static_cast<uint64_t>(value), 0, true},
       [&](T* p) { return core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::System>(p, value); },
       [&](T old, T* next) {
         *next = static_cast<T>(old + value);
@@ -276,7 +319,7 @@ MORI_DEVICE_INLINE T ShmemAtomicTypeFetchAddThread(T* dest, T value, int pe) {
 template <typename T>
 MORI_DEVICE_INLINE void ShmemAtomicTypeAddThread(T* dest, T value, int pe) {
   detail::AtomicOpImpl(
-      "ShmemAtomicTypeAddThread", dest, pe,
+      "ShmemAtomicTypeAddThread", dest, pe, detail::ProxyAmoArgs{ProxyAmo::Add, static_cast<uint64_t>(value), 0, false},
       [&](T* p) { return core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::System>(p, value); },
       [&](T old, T* next) {
         *next = static_cast<T>(old + value);
@@ -294,6 +337,7 @@ template <typename T>
 MORI_DEVICE_INLINE T ShmemAtomicTypeCompareSwapThread(T* dest, T cond, T value, int pe) {
   return detail::AtomicOpImpl(
       "ShmemAtomicTypeCompareSwapThread", dest, pe,
+      detail::ProxyAmoArgs{ProxyAmo::CompareSwap, static_cast<uint64_t>(value), static_cast<uint64_t>(cond), true},
       [&](T* p) {
         return core::AtomicCompareExchange<core::MemoryOrder::Relaxed, core::Scope::System>(p, cond, value);
       },
@@ -309,6 +353,7 @@ template <typename T>
 MORI_DEVICE_INLINE T ShmemAtomicTypeSwapThread(T* dest, T value, int pe) {
   return detail::AtomicOpImpl(
       "ShmemAtomicTypeSwapThread", dest, pe,
+      detail::ProxyAmoArgs{ProxyAmo::Swap, static_cast<uint64_t>(value), 0, true},
       [&](T* p) { return core::AtomicExchange<core::MemoryOrder::Relaxed, core::Scope::System>(p, value); },
       [&](T, T* next) {
         *next = value;
@@ -319,7 +364,7 @@ MORI_DEVICE_INLINE T ShmemAtomicTypeSwapThread(T* dest, T value, int pe) {
 template <typename T>
 MORI_DEVICE_INLINE T ShmemAtomicTypeFetchThread(const T* source, int pe) {
   return detail::AtomicOpImpl(
-      "ShmemAtomicTypeFetchThread", const_cast<T*>(source), pe,
+      "ShmemAtomicTypeFetchThread", const_cast<T*>(source), pe, detail::ProxyAmoArgs{ProxyAmo::Fetch, 0, 0, true},
       [&](T* p) { return core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::System>(p); },
       [&](T, T*) { return false; });
 }
@@ -327,7 +372,7 @@ MORI_DEVICE_INLINE T ShmemAtomicTypeFetchThread(const T* source, int pe) {
 template <typename T>
 MORI_DEVICE_INLINE void ShmemAtomicTypeSetThread(T* dest, T value, int pe) {
   detail::AtomicOpImpl(
-      "ShmemAtomicTypeSetThread", dest, pe,
+      "ShmemAtomicTypeSetThread", dest, pe, detail::ProxyAmoArgs{ProxyAmo::Set, static_cast<uint64_t>(value), 0, false},
       [&](T* p) {
         core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::System>(p, value);
         return T{};
@@ -344,8 +389,10 @@ MORI_DEVICE_INLINE void ShmemAtomicTypeSetThread(T* dest, T value, int pe) {
 MORI_DEVICE_INLINE void ShmemQuietThread() {
   const ShmemDeviceState& s = detail::Checked("ShmemQuietThread");
   detail::SystemFence();
-  if (s.queues == nullptr) return;
-  for (int pe = 0; pe < s.nPes; ++pe) detail::QuietPe(s, pe);
+  if (s.queues != nullptr) {
+    for (int pe = 0; pe < s.nPes; ++pe) detail::QuietPe(s, pe);
+  }
+  if (detail::ViaProxy(s)) detail::ProxyQuiet(s, -1);
 }
 
 MORI_DEVICE_INLINE void ShmemQuietThread(int pe) {
@@ -353,6 +400,7 @@ MORI_DEVICE_INLINE void ShmemQuietThread(int pe) {
   detail::CheckPe(s, "ShmemQuietThread(pe)", pe);
   detail::SystemFence();
   detail::QuietPe(s, pe);
+  if (detail::ViaProxy(s)) detail::ProxyQuiet(s, pe);
 }
 
 // Puts, signals and atomics to one PE issued before the fence arrive before those issued after it.
@@ -362,6 +410,8 @@ MORI_DEVICE_INLINE void ShmemFenceThread() {
   // One QP per PE: RC keeps its operations in order. With several, a thread's operations may use another
   // QP after a block-scope call, so the fence completes everything.
   if (s.qpsPerPe > 1) ShmemQuietThread();
+  // Connections that may apply writes out of order (TCP channels) are flushed by the proxy at the fence.
+  if (detail::ViaProxy(s)) detail::ProxyFence(s);
 }
 
 // ---- barrier ----
@@ -373,7 +423,6 @@ MORI_DEVICE_INLINE void ShmemBarrierAllThread() {
   uint64_t generation =
       core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(s.barrierSeq, uint64_t{1}) + 1;
   for (int pe = 0; pe < s.nPes; ++pe) {
-    if (detail::TransportOf(s, pe) == TransportType::Proxy) return detail::ProxyUnavailable(s, "barrier", pe);
     detail::SignalAt(s, pe, kShmemBarrierCounterOffset, 1, SignalOp::Add);
   }
   auto* arrivals = reinterpret_cast<uint64_t*>(s.heapBase + kShmemBarrierCounterOffset);

@@ -1,10 +1,11 @@
-// The transports under the SHMEM device API: argument checks, cooperative copies for Self/P2P, and WQE
-// posting, completion waits and fetch slots for RDMA. Not part of the public contract; included by
-// shmem_device_api.hpp.
+// The transports under the SHMEM device API: argument checks, cooperative copies for Self/P2P, WQE
+// posting, completion waits and fetch slots for RDMA, and requests to the host proxy for Proxy. Not part of
+// the public contract; included by shmem_device_api.hpp.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "mori/core/atomic.hpp"
@@ -12,6 +13,7 @@
 #include "mori/core/device_assert.hpp"
 #include "mori/core/kernel.hpp"
 #include "mori/rdma/device_primitives.hpp"
+#include "mori/shmem/shmem_proxy_request.hpp"
 #include "mori/shmem/shmem_state_access.hpp"
 
 #if MORI_DEVICE_API_AVAILABLE
@@ -81,11 +83,6 @@ MORI_DEVICE_INLINE uint64_t TargetOffset(const ShmemDeviceState& s, const char* 
 
 MORI_DEVICE_INLINE TransportType TransportOf(const ShmemDeviceState& s, int pe) {
   return static_cast<TransportType>(s.transports[pe]);
-}
-
-MORI_DEVICE_INLINE void ProxyUnavailable(const ShmemDeviceState& s, const char* op, int pe) {
-  MORI_DEVICE_ASSERT(false, "mori shmem: %s on PE %d: pe %d is reached through the Proxy transport, which this "
-                     "build does not provide", op, s.rank, pe);
 }
 
 // ---- Self / P2P: the group copies with its own loads and stores ----
@@ -302,10 +299,111 @@ MORI_DEVICE_INLINE T NicReadModifyWrite(const ShmemDeviceState& s, int pe, uint6
   }
 }
 
+// ---- Proxy: requests a host thread executes over its connections ----
+
+// Whether atomics, signals and quiet go through the proxy: once any PE uses the Proxy transport, every PE's
+// atomics do (they are atomic only with respect to other atomics its connections perform), itself included
+// (over a loopback connection).
+MORI_DEVICE_INLINE bool ViaProxy(const ShmemDeviceState& s) { return s.proxyAtomics != 0; }
+
+// Whether the proxy reaches local [p, p + bytes): the heap or a ShmemBufferRegister region.
+MORI_DEVICE_INLINE bool ProxyReachable(const ShmemDeviceState& s, const void* p, size_t bytes) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  if (a >= s.heapBase && bytes <= s.heapBytes && a - s.heapBase <= s.heapBytes - bytes) return true;
+  for (uint32_t i = 0; i < kShmemMaxLocalRegions && s.localRegions[i].bytes != 0; ++i) {
+    const ShmemLocalRegion& r = s.localRegions[i];
+    if (a >= r.base && bytes <= r.bytes && a - r.base <= r.bytes - bytes) return true;
+  }
+  return false;
+}
+
+MORI_DEVICE_INLINE uint64_t ProxyPush(const ShmemDeviceState& s, const core::ProxyTrigger* items, uint32_t n) {
+  core::FifoDeviceHandle fifo = s.proxyFifo;  // Push changes only what the handle points to
+  return fifo.Push(items, n);
+}
+
+MORI_DEVICE_INLINE core::ProxyTrigger ProxyHead(ProxyOp op, uint32_t slots, int pe, uint64_t bytes, uint32_t sub = 0,
+                                                uint32_t width = 0) {
+  return EncodeProxyHeader(ProxyHeader{op, slots, sub, width, static_cast<uint32_t>(pe), bytes});
+}
+
+// A put (local -> offset at pe) or get (offset at pe -> local) the proxy performs. With `wait` it returns once
+// the transfer is complete at its target; otherwise at quiet.
+MORI_DEVICE_INLINE void ProxyTransfer(const ShmemDeviceState& s, const char* op, ProxyOp kind, int pe, uint64_t offset,
+                                      const void* local, size_t bytes, bool wait) {
+  MORI_DEVICE_ASSERT(ProxyReachable(s, local, bytes),
+                     "mori shmem: %s on PE %d (pe %d): local %s %p (%llu bytes) is neither in the symmetric heap nor "
+                     "registered with ShmemBufferRegister, so the proxy cannot reach it",
+                     op, s.rank, pe, kind == ProxyOp::Put ? "source" : "destination", local,
+                     static_cast<unsigned long long>(bytes));
+  core::ProxyTrigger r[2] = {ProxyHead(kind, 2, pe, bytes, wait ? kProxyFlagFlush : 0),
+                             ProxyPayload(reinterpret_cast<uintptr_t>(local), offset)};
+  uint64_t slot = ProxyPush(s, r, 2);
+  if (wait) s.proxyFifo.Sync(slot);
+}
+
+// Puts `bytes` (<= 16) from `value` inside the request itself.
+MORI_DEVICE_INLINE void ProxyPutInline(const ShmemDeviceState& s, int pe, uint64_t offset, const void* value,
+                                       size_t bytes) {
+  uint64_t words[2] = {0, 0};
+  memcpy(words, value, bytes);
+  core::ProxyTrigger r[3] = {ProxyHead(ProxyOp::PutInline, 3, pe, bytes), ProxyPayload(words[0], offset),
+                             ProxyPayload(words[1], 0)};
+  ProxyPush(s, r, 3);
+}
+
+MORI_DEVICE_INLINE void ProxySignal(const ShmemDeviceState& s, int pe, uint64_t offset, uint64_t value, SignalOp op) {
+  core::ProxyTrigger r[2] = {ProxyHead(ProxyOp::Signal, 2, pe, 0, static_cast<uint32_t>(op)),
+                             ProxyPayload(value, offset)};
+  ProxyPush(s, r, 2);
+}
+
+// Pushes a request whose result the proxy leaves in a result word, waits until it is handled and returns
+// the result. `r[2].snd` is filled with the result index.
+MORI_DEVICE_INLINE uint64_t ProxyFetch(const ShmemDeviceState& s, core::ProxyTrigger* r) {
+  FetchSlot fs = AcquireFetchSlot(s);
+  uint32_t idx = fs.ticket % kShmemFetchSlots;
+  r[2].snd = idx;
+  s.proxyFifo.Sync(ProxyPush(s, r, 3));
+  uint64_t v = core::AtomicLoad<MemoryOrder::Acquire, Scope::System>(&s.proxyResults[idx]);
+  ReleaseFetchSlot(s, fs);
+  return v;
+}
+
+MORI_DEVICE_INLINE uint64_t ProxyGetSmall(const ShmemDeviceState& s, int pe, uint64_t offset, size_t bytes) {
+  core::ProxyTrigger r[3] = {ProxyHead(ProxyOp::GetInline, 3, pe, bytes), ProxyPayload(0, offset), ProxyPayload(0, 0)};
+  return ProxyFetch(s, r);
+}
+
+// An atomic of `width` (4 or 8) bytes at `offset` on pe. Non-fetching ones return at once and complete at
+// quiet.
+MORI_DEVICE_INLINE uint64_t ProxyAtomic(const ShmemDeviceState& s, int pe, uint64_t offset, ProxyAmo amo,
+                                        uint32_t width, uint64_t value, uint64_t compare, bool fetch) {
+  core::ProxyTrigger r[3] = {ProxyHead(ProxyOp::Atomic, 3, pe, 0, static_cast<uint32_t>(amo), width),
+                             ProxyPayload(value, offset), ProxyPayload(compare, kProxyNoResult)};
+  if (!fetch) {
+    ProxyPush(s, r, 3);
+    return 0;
+  }
+  return ProxyFetch(s, r);
+}
+
+// Quiet of every PE (pe < 0) or one: returns once the proxy has completed everything pushed before.
+MORI_DEVICE_INLINE void ProxyQuiet(const ShmemDeviceState& s, int pe) {
+  core::ProxyTrigger r = ProxyHead(ProxyOp::Quiet, 1, pe < 0 ? static_cast<int>(kProxyAllPes) : pe, 0);
+  s.proxyFifo.Sync(ProxyPush(s, &r, 1));
+}
+
+MORI_DEVICE_INLINE void ProxyFence(const ShmemDeviceState& s) {
+  core::ProxyTrigger r = ProxyHead(ProxyOp::Fence, 1, static_cast<int>(kProxyAllPes), 0);
+  ProxyPush(s, &r, 1);
+}
+
 // Whether atomics and signals to `pe` go through the NIC (RDMA peers, and everyone once any PE is reached
-// over RDMA: NIC atomics are atomic only with respect to other NIC atomics).
+// over RDMA: NIC atomics are atomic only with respect to other NIC atomics). The proxy, when in use, takes
+// them all.
 MORI_DEVICE_INLINE bool AtomicsViaNic(const ShmemDeviceState& s, int pe) {
-  return s.nicAtomics != 0 || TransportOf(s, pe) == TransportType::RDMA;
+  return !ViaProxy(s) && (s.nicAtomics != 0 || TransportOf(s, pe) == TransportType::RDMA);
 }
 
 template <typename T>

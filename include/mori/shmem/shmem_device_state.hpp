@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "mori/core/fifo_device.hpp"
 #include "mori/rdma/queue_handles.hpp"
 
 namespace mori::shmem {
@@ -58,6 +59,11 @@ struct ShmemDeviceState {
   uint32_t* fetchTurn;           // [kShmemFetchSlots] the ticket lap that owns each slot now
   uint64_t* barrierSeq;          // device barriers entered by this PE
   const ShmemLocalRegion* localRegions;  // [kShmemMaxLocalRegions], the used ones first (bytes 0 ends them)
+  // The Proxy transport (all zero when no PE uses it).
+  core::FifoDeviceHandle proxyFifo;  // requests of shmem_proxy_request.hpp, popped by this PE's proxy thread
+  uint64_t* proxyResults;            // [kShmemFetchSlots] host-pinned: results of fetching proxy requests
+  uint32_t proxyAtomics;             // 1: every atomic, signal and quiet goes through the proxy (some PE uses it)
+  uint32_t reserved2;
 };
 static_assert(std::is_trivially_copyable_v<ShmemDeviceState>, "ShmemDeviceState is copied as bytes");
 
