@@ -85,6 +85,10 @@ struct HostStream {
   bool stopping = false;
   GpuStatus error = kGpuSuccess;  // first failure since the last synchronisation
   std::thread worker;
+  // Under the registry's mutex: device-wide synchronisations holding this stream, and whether it was
+  // destroyed meanwhile (then the last of them deletes it).
+  int pins = 0;
+  bool destroyed = false;
 
   HostStream() : worker([this] { Run(); }) {}
 
@@ -387,6 +391,15 @@ GpuStatus GpuStreamDestroy(GpuStream s) {
     if (s == r.defaultStream || r.streams.erase(s) == 0) return Fail(kGpuErrorInvalidValue);
   }
   s->Synchronize();
+  {
+    // A GpuDeviceSynchronize on another thread may still hold it: the last holder deletes it then.
+    StreamRegistry& r = Registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    if (s->pins > 0) {
+      s->destroyed = true;
+      return kGpuSuccess;
+    }
+  }
   delete s;
   return kGpuSuccess;
 }
@@ -402,11 +415,19 @@ GpuStatus GpuDeviceSynchronize() {
     StreamRegistry& r = Registry();
     std::lock_guard<std::mutex> lock(r.mutex);
     all.assign(r.streams.begin(), r.streams.end());
+    for (HostStream* s : all) ++s->pins;
   }
   GpuStatus first = kGpuSuccess;
   for (HostStream* s : all) {
     GpuStatus st = s->Synchronize();
     if (first == kGpuSuccess) first = st;
+    bool last = false;
+    {
+      StreamRegistry& r = Registry();
+      std::lock_guard<std::mutex> lock(r.mutex);
+      last = --s->pins == 0 && s->destroyed;
+    }
+    if (last) delete s;
   }
   return first;
 }
