@@ -32,6 +32,41 @@ export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_A
 } > "$out/machine.txt" 2>&1
 cd "$built_at/build-cuda"
 ./tools/mori-info > "$out/mori-info.txt" 2>&1
+# ONLY=channels: the channel layer and the SHMEM Proxy transport alone (suites, examples, benchmarks), each
+# command bounded, one at a time (processes spinning on one GPU take turns).
+if [ "${ONLY:-}" = channels ]; then
+  rc=0
+  t=${STEP_TIMEOUT_S:-240}
+  run() {  # log name, command... (only the names matching the regular expression STEPS, when given)
+    [[ "$1" =~ ${STEPS:-.} ]] || return 0
+    local log="$out/$1.log"
+    shift
+    local start=$SECONDS
+    timeout "$t" "$@" > "$log" 2>&1
+    local r=$?
+    echo "$(basename "$log" .log): exit $r, $((SECONDS - start)) s" | tee -a "$out/channels_summary.txt"
+    [ $r -eq 0 ] || rc=1
+  }
+  run channels_unit ./tests/mori_channels_unit_tests
+  run channels_mp ./tests/mori_channels_mp_tests
+  run shmem_single_proxy ./tests/mori_shmem_unit_tests --gtest_filter='*Proxy*:*proxy*'
+  for conn in tcp rdma; do
+    run mpi_shmem_proxy_$conn mpirun --allow-run-as-root -np 2 -x MORI_SHMEM_TRANSPORT=proxy \
+      -x MORI_SHMEM_PROXY_CONN=$conn -x MORI_SHMEM_HEAP_SIZE=64m -x MORI_TIMEOUT_S=60 ./tests/mori_shmem_mpi_tests
+    for ex in shmem_put shmem_put_signal_pingpong shmem_atomic_counter shmem_ring_allgather shmem_all_to_all; do
+      run ex_${ex}_proxy_$conn mpirun --allow-run-as-root -np 2 -x MORI_SHMEM_TRANSPORT=proxy \
+        -x MORI_SHMEM_PROXY_CONN=$conn -x MORI_SHMEM_HEAP_SIZE=256m -x MORI_TIMEOUT_S=60 ./examples/shmem/$ex
+    done
+  done
+  run fifo_bench ./bench/fifo_bench
+  for tr in CudaIpc Emulated Tcp; do run bidir_port_channel_$tr ./examples/channels/bidir_port_channel --transport $tr; done
+  run perf_memory_channel ./examples/channels/perf_memory_channel
+  run multi_channel_tcp ./examples/channels/multi_channel_tcp --bench
+  run multi_pe_suite_np2 env OUT="$out/multi_pe_np2" "$repo/scripts/multi_pe_suite.sh" 2 .
+  cat "$out/channels_summary.txt"
+  for f in "$out"/*.log; do grep -lE "FAILED|Failure|trap|error" "$f" >/dev/null && { echo "== $f"; grep -E "FAILED|Failure|trap|rror" "$f" | head -20; }; done
+  exit $rc
+fi
 ctest --output-on-failure --timeout 300 ${CTEST_ARGS:-} > "$out/ctest.log" 2>&1
 rc=$?
 {

@@ -7,5 +7,8 @@ build=${1:-build-cuda}
 rm -rf .carry/build-cuda
 mkdir -p .carry
 rsync -a --exclude '*.o' --exclude '*.o.d' --exclude '.ninja_*' --exclude 'install_test' "$build/" .carry/build-cuda/
+# Debug info is most of the bytes; the device machine needs none of it (the carry limit is 64 MiB).
+find .carry/build-cuda -type f \( -perm -u+x -o -name '*.so*' \) -exec sh -c \
+  'for f; do head -c 4 "$f" | grep -q ELF && strip --strip-debug "$f"; done' sh {} +
 cp "$(cmake --system-information 2>/dev/null | sed -n 's/^CMAKE_ROOT "\(.*\)"/\1/p')/Modules/GoogleTestAddTests.cmake" .carry/
 du -sh .carry/build-cuda
