@@ -105,8 +105,11 @@ struct Semaphore::Impl {
     if (deviceTokens) (void)GpuStreamDestroy(stream);
   }
 
-  uint64_t LoadInbound(const Deadline& deadline) {
+  // The copy of a device-memory token has a bound of its own (MORI_TIMEOUT_S): a caller's short wait
+  // (Wait(0)) must end as "no signal", not as a copy that could not finish in no time.
+  uint64_t LoadInbound() {
     if (!deviceTokens) return AtomicLoad<MemoryOrder::Acquire, Scope::System>(words);
+    const Deadline deadline = Deadline::Default();
     uint64_t* out = landing.DataAs<uint64_t>();
     MORI_CHECK_GPU(GpuMemcpyAsync(out, words, sizeof(uint64_t), stream));
     for (;;) {
@@ -143,7 +146,7 @@ void Semaphore::Signal() {
 
 bool Semaphore::Poll() {
   Impl& s = *impl_;
-  if (s.LoadInbound(Deadline::Default()) <= s.hostExpected) return false;
+  if (s.LoadInbound() <= s.hostExpected) return false;
   ++s.hostExpected;
   return true;
 }
@@ -153,7 +156,7 @@ void Semaphore::Wait(int64_t timeoutUs) {
   Deadline deadline = timeoutUs < 0 ? Deadline::Default() : Deadline::After(static_cast<double>(timeoutUs) * 1e-6);
   uint64_t expected = s.hostExpected + 1;
   for (;;) {
-    uint64_t seen = s.LoadInbound(deadline);
+    uint64_t seen = s.LoadInbound();
     if (seen >= expected) break;
     if (deadline.Expired()) {
       throw TimeoutError(StrFormat(

@@ -128,6 +128,8 @@ TEST_F(CommunicatorMp, RegisteredMemoryTravelsAndSameHostMemoryArrivesMapped) {
       std::vector<uint8_t> mine(kSlot);
       FillPattern(mine.data(), kSlot, 50 + rank, 12);
       MORI_CHECK_GPU(GpuMemcpy(static_cast<uint8_t*>(m.Data()) + kBytes + rank * kSlot, mine.data(), kSlot));
+      // A copy from pageable memory may return before its DMA lands: the owner reads after the barrier.
+      MORI_CHECK_GPU(GpuDeviceSynchronize());
     }
     r.bootstrap->Barrier();
     std::vector<uint8_t> got = ReadBack(buf.Data(), total);
