@@ -47,19 +47,20 @@ if [ "${ONLY:-}" = channels ]; then
     echo "$(basename "$log" .log): exit $r, $((SECONDS - start)) s" | tee -a "$out/channels_summary.txt"
     [ $r -eq 0 ] || rc=1
   }
-  run channels_unit ./tests/mori_channels_unit_tests
-  run channels_mp ./tests/mori_channels_mp_tests
-  run shmem_single_proxy ./tests/mori_shmem_unit_tests --gtest_filter='*Proxy*:*proxy*'
+  # Through ctest: one process per test, so forked children never inherit a CUDA context.
+  run channels_unit ctest --output-on-failure --timeout 120 -R '^(FifoTest|Packets|ProducerTrapTest|ProxyServiceTest|ProxyTest|ProxyTriggerTest|RegisteredMemoryWire|TcpListener|TcpOptions|TcpWire|Transport|TransportFlags)\.'
+  run channels_mp ctest --output-on-failure --timeout 120 -R '^(CommunicatorMp|MemoryChannelMp|TcpLinkMp|TcpLoopbackMp|TcpTwoHosts|Transports/ConnectEachTransport|Transports/PortChannelMp|Transports/RdmaConnectionMp)\.'
+  run shmem_single_proxy ctest --output-on-failure --timeout 200 -R 'ShmemSingleTest.Proxy|ShmemPairTest.*proxy_'
   for conn in tcp rdma; do
     run mpi_shmem_proxy_$conn mpirun --allow-run-as-root -np 2 -x MORI_SHMEM_TRANSPORT=proxy \
-      -x MORI_SHMEM_PROXY_CONN=$conn -x MORI_SHMEM_HEAP_SIZE=64m -x MORI_TIMEOUT_S=60 ./tests/mori_shmem_mpi_tests
+      -x MORI_SHMEM_PROXY_CONN=$conn -x MORI_SHMEM_HEAP_SIZE=64m -x MORI_TIMEOUT_S=60 ./tests/mori_shmem_mpi_tests ${SHMEM_MPI_FILTER:-}
     for ex in shmem_put shmem_put_signal_pingpong shmem_atomic_counter shmem_ring_allgather shmem_all_to_all; do
       run ex_${ex}_proxy_$conn mpirun --allow-run-as-root -np 2 -x MORI_SHMEM_TRANSPORT=proxy \
         -x MORI_SHMEM_PROXY_CONN=$conn -x MORI_SHMEM_HEAP_SIZE=256m -x MORI_TIMEOUT_S=60 ./examples/shmem/$ex
     done
   done
   run fifo_bench ./bench/fifo_bench
-  for tr in CudaIpc Emulated Tcp; do run bidir_port_channel_$tr ./examples/channels/bidir_port_channel --transport $tr; done
+  for tr in CudaIpc Emulated Tcp; do run bidir_port_channel_$tr ./examples/channels/bidir_port_channel --transport $tr ${BIDIR_ARGS:-}; done
   run perf_memory_channel ./examples/channels/perf_memory_channel
   run multi_channel_tcp ./examples/channels/multi_channel_tcp --bench
   run multi_pe_suite_np2 env OUT="$out/multi_pe_np2" "$repo/scripts/multi_pe_suite.sh" 2 .
