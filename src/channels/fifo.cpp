@@ -11,6 +11,8 @@
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/logging.hpp"
 
+#include "device_zero.hpp"
+
 namespace mori::core {
 
 namespace {
@@ -62,7 +64,7 @@ Fifo::Fifo(uint32_t size, double timeoutSeconds) : impl_(std::make_unique<Impl>(
   MORI_CHECK_GPU(GpuMalloc(&head, sizeof(uint64_t)));
   m.head = static_cast<uint64_t*>(head);
   try {
-    MORI_CHECK_GPU(GpuMemset(m.head, 0, sizeof(uint64_t)));
+    ZeroDeviceMemory(m.head, sizeof(uint64_t));
 #if MORI_BACKEND_GPU
     MORI_CHECK_GPU(GpuStreamCreate(&m.stream));
 #endif

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "communicator_impl.hpp"
+#include "device_zero.hpp"
 #include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/format.hpp"
@@ -57,7 +58,7 @@ class SemaphorePool {
     if (slabs.used == kBlocksPerSlab || slabs.memory.empty()) {
       auto buffer = std::make_unique<GpuBuffer>(kSlabBytes, MemoryType::Device);
       if (IsDeviceMemoryPointer(buffer->Data())) {
-        MORI_CHECK_GPU(GpuMemset(buffer->Data(), 0, kSlabBytes));
+        ZeroDeviceMemory(buffer->Data(), kSlabBytes);
       } else {
         std::memset(buffer->Data(), 0, kSlabBytes);
       }
