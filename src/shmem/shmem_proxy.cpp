@@ -106,7 +106,7 @@ uint32_t ShmemProxy::HandleTrigger(const core::ProxyTrigger& trigger) {
   MORI_CHECK(h.slots >= 1 && h.slots <= kProxyMaxSlots, ErrorCode::Protocol,
              "PE %d: SHMEM proxy request %llu (op %u) says it takes %u slots (1 to %u)", s_.rank,
              static_cast<unsigned long long>(handled_), static_cast<unsigned>(h.op), h.slots, kProxyMaxSlots);
-  core::ProxyTrigger slots[kProxyMaxSlots];
+  core::ProxyTrigger slots[kProxyMaxSlots] = {};  // a request shorter than its op expects reads zeros
   slots[0] = trigger;
   for (uint32_t k = 1; k < h.slots; ++k) {
     if (!GetFifo().Poll(&slots[k], k)) return 0;  // the producer is still writing the rest
