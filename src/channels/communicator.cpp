@@ -55,6 +55,13 @@ int CommTag(CommTagKind kind, int userTag) {
   return static_cast<int>(kind) << 24 | userTag;
 }
 
+void CheckCommunicatorAlive(const std::weak_ptr<int>& alive, const std::string& what) {
+  MORI_CHECK(!alive.expired(), ErrorCode::InvalidUsage,
+             "%s: the Communicator was destroyed before this future's get() (keep it alive until every future of "
+             "it is taken)",
+             what.c_str());
+}
+
 void RethrowWithContext(const Error& e, const std::string& context) {
   std::string inner = e.what();
   const std::string prefix = std::string("mori ") + ErrorCodeName(e.Code()) + ": ";
@@ -228,8 +235,12 @@ std::shared_future<RegisteredMemory> Communicator::RecvMemory(int remoteRank, in
   CheckRank(*impl_, remoteRank, "RecvMemory from");
   int bootstrapTag = CommTag(CommTagKind::Memory, tag);
   Impl* impl = impl_.get();
+  std::weak_ptr<int> alive = impl_->alive;
+  const int rank = Rank();
   return std::async(std::launch::deferred,
-                    [impl, remoteRank, tag, bootstrapTag] {
+                    [impl, alive, rank, remoteRank, tag, bootstrapTag] {
+                      CheckCommunicatorAlive(
+                          alive, StrFormat("rank %d: RecvMemory from rank %d (tag %d)", rank, remoteRank, tag));
                       try {
                         return RecvMemoryFrom(*impl, remoteRank, bootstrapTag);
                       } catch (const Error& e) {
@@ -305,10 +316,12 @@ std::shared_future<std::shared_ptr<Connection>> Communicator::Connect(const Endp
   }
 
   Impl* impl = impl_.get();
+  std::weak_ptr<int> alive = impl_->alive;
   return std::async(std::launch::deferred,
-                    [impl, made, t, rank, remoteRank, tag, bootstrapTag]() -> std::shared_ptr<Connection> {
+                    [impl, alive, made, t, rank, remoteRank, tag, bootstrapTag]() -> std::shared_ptr<Connection> {
                       const std::string context = StrFormat("rank %d: Connect over %s to rank %d (tag %d)", rank,
                                                             TransportName(t), remoteRank, tag);
+                      CheckCommunicatorAlive(alive, context);
                       ConnectHello theirs{};
                       try {
                         impl->bootstrap->Recv(&theirs, sizeof(theirs), remoteRank, bootstrapTag);

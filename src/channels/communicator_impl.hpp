@@ -89,6 +89,10 @@ struct Communicator::Impl {
   int NRanks() const { return topology.nRanks; }
 };
 
+// Throws InvalidUsage when the communicator behind `alive` is gone: a deferred future (RecvMemory, Connect,
+// BuildSemaphore) whose get() comes after the Communicator was destroyed has nothing left to receive with.
+void CheckCommunicatorAlive(const std::weak_ptr<int>& alive, const std::string& what);
+
 // RegisterMemory's work (the semaphore pool registers its memory through it too).
 RegisteredMemory RegisterCommMemory(Communicator::Impl& comm, void* ptr, size_t bytes, TransportFlags transports);
 

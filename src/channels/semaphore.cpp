@@ -231,12 +231,15 @@ std::shared_future<std::shared_ptr<Semaphore>> BuildSemaphoreWith(Communicator::
   }
 
   Communicator::Impl* c = &comm;
+  std::weak_ptr<int> alive = comm.alive;
+  const bool loopback = remoteRank == rank;
   std::shared_ptr<Semaphore::Impl> pending(impl.release());
   return std::async(
              std::launch::deferred,
-             [c, pending, remoteRank, tag, bootstrapTag, context]() -> std::shared_ptr<Semaphore> {
+             [c, alive, loopback, pending, remoteRank, tag, bootstrapTag, context]() -> std::shared_ptr<Semaphore> {
+               CheckCommunicatorAlive(alive, context);
                try {
-                 if (remoteRank != c->Rank()) {
+                 if (!loopback) {
                    pending->remoteInbound = RecvMemoryFrom(*c, remoteRank, bootstrapTag);
                    TokenNote note{};
                    c->bootstrap->Recv(&note, sizeof(note), remoteRank, bootstrapTag);

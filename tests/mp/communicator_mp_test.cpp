@@ -356,6 +356,26 @@ TEST_F(CommunicatorMp, BadRanksTagsAndTransportsAreRefusedAtTheCall) {
   test::ExpectAllSucceed(outcomes);
 }
 
+// Futures of a Communicator taken after it is gone are an error naming the call, not a use of freed state.
+TEST_F(CommunicatorMp, FuturesOutlivingTheirCommunicatorAreAClearError) {
+  const std::string root = LoopbackRoot();
+  auto outcomes = test::RunProcesses(2, [&](int rank) {
+    Rank r(rank, 2, root);
+    auto memory = r.comm->RecvMemory(1 - rank, 3);
+    auto connection = r.comm->Connect(Config(Transport::Tcp), 1 - rank, 4);
+    auto self = r.comm->Connect(Config(Transport::Emulated), rank, 5).get();
+    auto semaphore = r.comm->BuildSemaphore(self, rank, 6);
+    r.comm.reset();
+    ExpectError([&] { (void)memory.get(); }, ErrorCode::InvalidUsage,
+                "RecvMemory from rank " + std::to_string(1 - rank));
+    ExpectError([&] { (void)connection.get(); }, ErrorCode::InvalidUsage, "Communicator was destroyed");
+    ExpectError([&] { (void)semaphore.get(); }, ErrorCode::InvalidUsage, "Communicator was destroyed");
+    r.bootstrap->Barrier();
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
+}
+
 // Rank 1 leaves right after setup. Rank 0's Connect and RecvMemory towards it end in an error naming it,
 // well within the bootstrap's timeout.
 TEST_F(CommunicatorMp, APeerThatExitsEarlyIsAClearErrorNotAHang) {
