@@ -93,7 +93,7 @@ class GpuLane {
  public:
   explicit GpuLane(int device) : device_(device) {}
   ~GpuLane() {
-    if (stream_ != nullptr) GpuStreamDestroy(stream_);
+    if (stream_ != nullptr) (void)GpuStreamDestroy(stream_);
   }
   GpuLane(const GpuLane&) = delete;
   GpuLane& operator=(const GpuLane&) = delete;
