@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "mori/core/dma_copy.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/kernel.hpp"
 #include "mori/core/logging.hpp"
@@ -348,7 +349,7 @@ GpuStatus GpuHostGetDevicePointer(void** dev, void* hostPtr) {
 GpuStatus GpuMemcpyAsync(void* dst, const void* src, size_t n, GpuStream s) {
   if (n > 0 && (dst == nullptr || src == nullptr)) return Fail(kGpuErrorInvalidValue);
   Resolve(s)->Enqueue([dst, src, n] {
-    std::memmove(dst, src, n);
+    DmaCopy(dst, src, n);
     return kGpuSuccess;
   });
   return kGpuSuccess;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "mori/core/dma_copy.hpp"
 #include "mori/core/errors.hpp"
 
 namespace mori::rdma::emulated {
@@ -77,7 +78,7 @@ void NicMemory::Read(void* dst, uintptr_t src, size_t bytes, bool device, int gp
 void NicMemory::Write(uintptr_t dst, const void* src, size_t bytes, bool device, int gpu) {
   if (bytes == 0) return;
   if (!device) {
-    std::memcpy(reinterpret_cast<void*>(dst), src, bytes);
+    core::DmaCopy(reinterpret_cast<void*>(dst), src, bytes);
     // Later writes (a flag after data) must not become visible first: order them at system scope.
     core::AtomicFence<core::MemoryOrder::Release, core::Scope::System>();
     return;
