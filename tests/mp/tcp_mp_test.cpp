@@ -347,11 +347,12 @@ TEST(TcpLinkMp, UpdatesLandOnlyAfterTheDataBeforeThemOverManyRounds) {
         test::FillPattern(src.data(), bytes, 0, static_cast<uint32_t>(r));
         link->Write(peerData, 0, src.data(), false, bytes);
         link->UpdateWord(peerFlag, 8, r);
-        // The reply: rank 1 saw round r complete, so `src` may be refilled.
+        // The reply: rank 1 saw round r complete; after the flush the senders are done with `src` too.
         if (!WaitUntil([&] { return AtomicLoad(word) == r; })) {
           ADD_FAILURE() << "round " << r << ": no reply";
           return 1;
         }
+        link->Flush();
       } else {
         if (!WaitUntil([&] { return AtomicLoad(word) == r; })) {
           ADD_FAILURE() << "round " << r << ": the update never came";
@@ -689,9 +690,10 @@ TEST(TcpLinkMp, CorruptOrForbiddenFramesFailTheLinkAndWriteNothing) {
       Mem target(bytes, v % 2 == 1);
       target.Fill(rank, 50);
       uint32_t peerKey = Swap(b, 1 - rank, target.Key(), tag);
+      // Declared before the link: its sender may still read queued writes from it until the link is gone.
+      const std::vector<uint8_t> src = Pattern(bytes, 1, 51);
       auto link = TcpLink::Connect(b, 1 - rank, tag + 1, Options(2, 4, 4096));
       if (rank == 1) {  // the attacker
-        std::vector<uint8_t> src = Pattern(bytes, 1, 51);
         FrameHeader h = MakeFrame(FrameType::Write);
         std::vector<uint8_t> raw;
         auto put = [&](const void* p, size_t n) {
@@ -881,6 +883,7 @@ TEST(TcpLoopbackMp, WritesUpdatesAndReadsOfOwnMemory) {
           ADD_FAILURE() << "round " << r << ": the update never came";
           return 1;
         }
+        conn->Flush();  // the senders are done with `src` before the next round refills it
         std::vector<uint8_t> got = ReadBack(dst, bytes, c.device);
         std::vector<uint8_t> expected = Pattern(bytes, 0, 900);
         for (uint64_t i = 0; i < n; ++i) expected[13 + i] = test::PatternByte(0, 3 + i, static_cast<uint32_t>(r));

@@ -627,7 +627,12 @@ TEST(ShmemTest, ZzInitFinalizeLoopLeaksNothingAndHeapSizesMustAgree) {
     ASSERT_EQ(ShmemFinalize(), 0);
   }
   EXPECT_EQ(CountEntries("/proc/self/fd"), fds) << "file descriptors leaked";
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's quarantine keeps freed memory and maps more as the rounds allocate: mappings say nothing there.
+  (void)maps;
+#else
   EXPECT_LE(CountMappings(), maps + 4) << "mappings leaked";
+#endif
 
   if (N() > 1) {
     std::string saved = std::getenv("MORI_SHMEM_HEAP_SIZE") ? std::getenv("MORI_SHMEM_HEAP_SIZE") : "";
