@@ -119,11 +119,13 @@ MORI_GLOBAL void SendPackets(MemoryChannelDeviceHandle ch, uint64_t packetOffset
 }
 
 // Reversed thread numbering, so a thread's packets come from another block of the sender than its own index.
-template <typename P>
+// GetPackets and UnpackPackets are separate kernels: hipcc 5.2's AMDGPU backend fails ("failed to annotate
+// CFG") on both waiting loops behind one runtime branch.
+template <typename P, bool kUseGet>
 MORI_GLOBAL void ReceivePackets(MemoryChannelDeviceHandle ch, uint64_t dstOffset, uint64_t packetOffset, uint64_t bytes,
-                                uint32_t flag, int useGet) {
+                                uint32_t flag) {
   const unsigned t = GlobalThreadCount() - 1 - GlobalThreadIdx(), n = GlobalThreadCount();
-  if (useGet) {
+  if constexpr (kUseGet) {
     ch.GetPackets<P>(dstOffset, packetOffset, bytes, t, n, flag);
   } else {
     ch.UnpackPackets<P>(dstOffset, packetOffset, bytes, t, n, flag);
@@ -156,7 +158,10 @@ MORI_GLOBAL void PacketStream(MemoryChannelDeviceHandle ch, int rank, uint32_t r
 }
 
 // One misuse, chosen by `what`; each must trap before touching memory.
+// HOST only (the test skips elsewhere: a trap ends a GPU context); hipcc 5.2's AMDGPU backend also fails
+// ("failed to annotate CFG") on seven trapping paths in one switch.
 MORI_GLOBAL void Misuse(MemoryChannelDeviceHandle ch, int what) {
+#if MORI_BACKEND_HOST
   switch (what) {
     case 0:
       ch.Put(ch.dstBytes, 0, 8, 0, 1);
@@ -180,6 +185,10 @@ MORI_GLOBAL void Misuse(MemoryChannelDeviceHandle ch, int what) {
       ch.Wait();
       break;  // nobody signals
   }
+#else
+  (void)ch;
+  (void)what;
+#endif
 }
 
 // ---- Host side ----
@@ -442,7 +451,7 @@ void PacketRoundsBothWays() {
     GpuStream recvStream, sendStream;
     MORI_CHECK_GPU(GpuStreamCreate(&recvStream));
     MORI_CHECK_GPU(GpuStreamCreate(&sendStream));
-    PreloadKernels(SendPackets<P>, ReceivePackets<P>);
+    PreloadKernels(SendPackets<P>, ReceivePackets<P, false>, ReceivePackets<P, true>);
     e->bootstrap->Barrier();
 
     for (uint32_t r = 0; r < 10; ++r) {
@@ -454,8 +463,13 @@ void PacketRoundsBothWays() {
       e->Write(L::kSrc, src.data(), src.size());
       e->Write(L::kDst, guard.data(), guard.size());  // last round's unpacked data back to guard bytes
 
-      LaunchKernel(ReceivePackets<P>, Dim3(3), Dim3(50), 0, recvStream, h, L::kDst, L::kPackets, L::kBytes, flag,
-                   static_cast<int>(r % 2));
+      if (r % 2 == 1) {
+        LaunchKernel(ReceivePackets<P, true>, Dim3(3), Dim3(50), 0, recvStream, h, L::kDst, L::kPackets, L::kBytes,
+                     flag);
+      } else {
+        LaunchKernel(ReceivePackets<P, false>, Dim3(3), Dim3(50), 0, recvStream, h, L::kDst, L::kPackets, L::kBytes,
+                     flag);
+      }
       e->bootstrap->Barrier();  // both receivers launched on last round's packets, both sources filled
       std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let them look at the stale packets
       LaunchKernel(SendPackets<P>, Dim3(4), Dim3(64), 0, sendStream, h, L::kPackets, L::kSrc, L::kBytes, flag);
