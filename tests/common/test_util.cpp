@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -102,6 +103,15 @@ std::vector<ProcessOutcome> RunProcesses(int n, const std::function<int(int rank
 
 void ExpectAllSucceed(const std::vector<ProcessOutcome>& outcomes) {
   for (const auto& o : outcomes) EXPECT_TRUE(o.Ok()) << o.Describe();
+}
+
+void DieAbruptly(int code) {
+  syscall(SYS_exit_group, code);
+  __builtin_unreachable();
+}
+
+__attribute__((no_sanitize("thread"))) uint64_t RacyLoad64(const void* word) {
+  return *static_cast<const volatile uint64_t*>(word);
 }
 
 int FreeTcpPort() {

@@ -40,6 +40,15 @@ std::vector<ProcessOutcome> RunProcesses(int n, const std::function<int(int rank
 // The same, expecting every rank to succeed; adds a gtest failure per rank that did not.
 void ExpectAllSucceed(const std::vector<ProcessOutcome>& outcomes);
 
+// Ends this process at once with `code`, as a process that dies does: no atexit handlers, no flushing, no
+// sanitizer finalization (ThreadSanitizer's _exit sleeps a second first, during which this process's
+// threads, its emulated NIC among them, keep answering peers).
+[[noreturn]] void DieAbruptly(int code);
+
+// A plain 8-byte read of a word another thread or process may be writing with plain stores (recv(), a
+// copy engine): tests use it to watch a transfer's progress, a race on purpose, so it is not instrumented.
+uint64_t RacyLoad64(const void* word);
+
 // A free TCP port on loopback (bound and released; good enough for tests).
 int FreeTcpPort();
 

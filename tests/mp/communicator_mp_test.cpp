@@ -385,7 +385,7 @@ TEST_F(CommunicatorMp, APeerThatExitsEarlyIsAClearErrorNotAHang) {
       [&](int rank) {
         Rank r(rank, 2, root, 8);
         r.bootstrap->Barrier();
-        if (rank == 1) _exit(0);
+        if (rank == 1) test::DieAbruptly(0);
         for (Transport t : {Transport::Emulated, Transport::Tcp, Transport::CudaIpc}) {
           SCOPED_TRACE(TransportName(t));
           try {

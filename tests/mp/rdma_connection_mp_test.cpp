@@ -374,7 +374,7 @@ TEST_P(RdmaConnectionMp, FlushFailsClearlyAfterThePeerDied) {
     conn->Write(peerA, 0, aMem, 0, 4096);
     conn->Flush();
     r.bootstrap->Barrier();
-    if (rank == 1) _exit(0);  // gone without a word: its NIC goes with it
+    if (rank == 1) test::DieAbruptly(0);  // gone without a word: its NIC goes with it
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     bool failed = false;
     for (int i = 0; i < 1000 && !failed; ++i) {

@@ -178,7 +178,7 @@ TEST_F(RdmaAcrossProcesses, APeerThatDiesBecomesErrorCompletions) {
     side.Setup(b, buf.Data(), buf.Bytes());
     if (rank == 1) {
       b.Barrier();
-      _exit(0);  // gone without a word: its NIC's sockets close with it
+      test::DieAbruptly(0);  // gone without a word: its NIC's sockets close with it
     }
     GpuBuffer srcBuf(4096);
     RdmaMemoryRegion src = side.nic->RegisterRdmaMemoryRegion(srcBuf.Data(), srcBuf.Bytes());

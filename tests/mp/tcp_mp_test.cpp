@@ -514,7 +514,7 @@ TEST(TcpLinkMp, ReceiverKilledMidTransferFailsTheSendersFlushNamingTheChannel) {
       uint64_t expected = 0;
       std::vector<uint8_t> pattern = Pattern(bytes / 2 + 8, 0, 1);
       std::memcpy(&expected, pattern.data() + bytes / 2, 8);
-      WaitUntil([&] { return AtomicLoad<MemoryOrder::Relaxed>(probe) == expected; }, 60);
+      WaitUntil([&] { return test::RacyLoad64(probe) == expected; }, 60);
       raise(SIGKILL);
     }
     std::pair<ErrorCode, std::string> err{ErrorCode::Internal, "(no error)"};

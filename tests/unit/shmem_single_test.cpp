@@ -270,7 +270,7 @@ TEST_F(ShmemSingleTest, UniqueIdInitAndAPeerThatDies) {
     if (ShmemSetAttrUniqueIdArgs(1, 2, &uid, &attr) != 0 || ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) != 0) {
       _exit(2);
     }
-    _exit(ShmemMyPe() == 1 && ShmemNPes() == 2 ? 0 : 3);  // dies without finalize
+    mori::core::test::DieAbruptly(ShmemMyPe() == 1 && ShmemNPes() == 2 ? 0 : 3);  // dies without finalize
   }
   mori_shmem_init_attr_t attr;
   ASSERT_EQ(ShmemSetAttrUniqueIdArgs(0, 2, &uid, &attr), 0);
@@ -521,7 +521,7 @@ TEST_F(ShmemSingleTest, ProxyPeerThatDiesFailsTheProxyNamingIt) {
   if (child == 0) {
     if (!start(1) || ShmemMalloc(2 * bytes) == nullptr) _exit(2);
     ShmemBarrierAll();
-    _exit(0);  // dies without finalize
+    mori::core::test::DieAbruptly(0);  // dies without finalize
   }
   ASSERT_TRUE(start(0));
   auto* p = static_cast<uint8_t*>(ShmemMalloc(2 * bytes));
