@@ -32,21 +32,38 @@ export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_A
 } > "$out/machine.txt" 2>&1
 cd "$built_at/build-cuda"
 ./tools/mori-info > "$out/mori-info.txt" 2>&1
-# ONLY=channels: the channel layer and the SHMEM Proxy transport alone (suites, examples, benchmarks), each
-# command bounded, one at a time (processes spinning on one GPU take turns).
+# Focused modes (ONLY=...) run each command bounded by STEP_TIMEOUT_S, one at a time (processes spinning on one
+# GPU take turns), and summarise into $out/summary.txt.
+rc=0
+t=${STEP_TIMEOUT_S:-240}
+run() {  # log name, command... (only the names matching the regular expression STEPS, when given)
+  [[ "$1" =~ ${STEPS:-.} ]] || return 0
+  local log="$out/$1.log"
+  shift
+  local start=$SECONDS
+  timeout "$t" "$@" > "$log" 2>&1
+  local r=$?
+  echo "$(basename "$log" .log): exit $r, $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+  [ $r -eq 0 ] || rc=1
+}
+report_failures() {
+  for f in "$out"/*.log; do grep -lE "FAILED|Failure|trap|error" "$f" >/dev/null && { echo "== $f"; grep -E "FAILED|Failure|trap|rror" "$f" | head -20; }; done
+}
+# ONLY=shmem: the SHMEM mpirun suite (gtest filter SHMEM_MPI_FILTER) and the put example with 2 PEs under
+# each transport of SHMEM_TRANSPORTS (default: p2p rdma).
+if [ "${ONLY:-}" = shmem ]; then
+  for tr in ${SHMEM_TRANSPORTS:-p2p rdma}; do
+    run mpi_shmem_$tr mpirun --allow-run-as-root -np 2 -x MORI_SHMEM_TRANSPORT=$tr -x MORI_SHMEM_HEAP_SIZE=64m \
+      -x MORI_TIMEOUT_S=60 ./tests/mori_shmem_mpi_tests ${SHMEM_MPI_FILTER:-}
+    run ex_shmem_put_$tr mpirun --allow-run-as-root -np 2 -x MORI_SHMEM_TRANSPORT=$tr -x MORI_TIMEOUT_S=60 \
+      ./examples/shmem/shmem_put
+  done
+  cat "$out/summary.txt"
+  report_failures
+  exit $rc
+fi
+# ONLY=channels: the channel layer and the SHMEM Proxy transport alone (suites, examples, benchmarks).
 if [ "${ONLY:-}" = channels ]; then
-  rc=0
-  t=${STEP_TIMEOUT_S:-240}
-  run() {  # log name, command... (only the names matching the regular expression STEPS, when given)
-    [[ "$1" =~ ${STEPS:-.} ]] || return 0
-    local log="$out/$1.log"
-    shift
-    local start=$SECONDS
-    timeout "$t" "$@" > "$log" 2>&1
-    local r=$?
-    echo "$(basename "$log" .log): exit $r, $((SECONDS - start)) s" | tee -a "$out/channels_summary.txt"
-    [ $r -eq 0 ] || rc=1
-  }
   # Through ctest: one process per test, so forked children never inherit a CUDA context.
   run channels_unit ctest --output-on-failure --timeout 120 -R '^(FifoTest|Packets|ProducerTrapTest|ProxyServiceTest|ProxyTest|ProxyTriggerTest|RegisteredMemoryWire|TcpListener|TcpOptions|TcpWire|Transport|TransportFlags)\.'
   run channels_mp ctest --output-on-failure --timeout 120 -R '^(CommunicatorMp|MemoryChannelMp|TcpLinkMp|TcpLoopbackMp|TcpTwoHosts|Transports/ConnectEachTransport|Transports/PortChannelMp|Transports/RdmaConnectionMp)\.'
@@ -64,8 +81,8 @@ if [ "${ONLY:-}" = channels ]; then
   run perf_memory_channel ./examples/channels/perf_memory_channel
   run multi_channel_tcp ./examples/channels/multi_channel_tcp --bench
   run multi_pe_suite_np2 env OUT="$out/multi_pe_np2" "$repo/scripts/multi_pe_suite.sh" 2 .
-  cat "$out/channels_summary.txt"
-  for f in "$out"/*.log; do grep -lE "FAILED|Failure|trap|error" "$f" >/dev/null && { echo "== $f"; grep -E "FAILED|Failure|trap|rror" "$f" | head -20; }; done
+  cat "$out/summary.txt"
+  report_failures
   exit $rc
 fi
 ctest --output-on-failure --timeout 300 ${CTEST_ARGS:-} > "$out/ctest.log" 2>&1

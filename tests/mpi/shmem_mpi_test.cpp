@@ -210,6 +210,72 @@ TEST(ShmemTest, PutEveryVariantOddSizesUnalignedOffsets) {
   }
 }
 
+// Lanes of one warp put at the same time to different PEs, from the heap or inline, while other lanes of the
+// warp put nothing (over RDMA the lanes that share a QP are posted as one batch). Thread t of sender r writes
+// slot t of r's row: 3 words (t % 3 == 1, from the heap) or 1 word (t % 3 == 2, a single value).
+constexpr unsigned kMixedWords = 4;  // per slot
+
+MORI_HOST_DEVICE_INLINE int MixedTarget(int sender, unsigned t, int n) {
+  return (sender + 1 + static_cast<int>(t / 3 % static_cast<unsigned>(n))) % n;
+}
+MORI_HOST_DEVICE_INLINE uint64_t MixedWord(int sender, unsigned t, unsigned j) {
+  return (uint64_t(sender + 1) << 48) ^ (uint64_t(t) << 8) ^ (j + 1) ^ 0x5a5a000000000000ull;
+}
+
+MORI_GLOBAL void MixedLanesKernel(uint64_t* rows, const uint64_t* src, unsigned threads) {
+  const int me = ShmemMyPe(), n = ShmemNPes();
+  const unsigned t = core::GlobalThreadIdx();
+  uint64_t* slot = rows + (static_cast<size_t>(me) * threads + t) * kMixedWords;
+  const int pe = MixedTarget(me, t, n);
+  if (t % 3 == 1) {
+    ShmemPutMemNbiThread(slot, src + static_cast<size_t>(t) * 3, 3 * sizeof(uint64_t), pe);
+  } else if (t % 3 == 2) {
+    ShmemPutTypeImmNbiThread<uint64_t>(slot, MixedWord(me, t, 0), pe);
+  }
+  ShmemQuietThread();
+}
+
+TEST(ShmemTest, ThreadPutsFromMixedLanesOfAWarp) {
+  const unsigned tpb = MORI_BACKEND_HOST ? kThreads : 128;
+  const unsigned threads = kBlocks * tpb;
+  const size_t words = static_cast<size_t>(N()) * threads * kMixedWords;
+  auto* rows = reinterpret_cast<uint64_t*>(GuardedBuffer(words * sizeof(uint64_t)));
+  auto* src = static_cast<uint64_t*>(ShmemMalloc(threads * 3 * sizeof(uint64_t)));
+  ASSERT_TRUE(rows && src);
+  std::vector<uint64_t> values(threads * 3);
+  for (unsigned t = 0; t < threads; ++t) {
+    for (unsigned j = 0; j < 3; ++j) values[t * 3 + j] = MixedWord(Me(), t, j);
+  }
+  ASSERT_EQ(core::GpuMemcpy(src, values.data(), values.size() * sizeof(uint64_t)), core::kGpuSuccess);
+  ShmemBarrierAll();
+  core::LaunchKernel(MixedLanesKernel, Dim3(kBlocks), Dim3(tpb), 0, nullptr, rows, static_cast<const uint64_t*>(src),
+                     threads);
+  MORI_CHECK_KERNEL();
+  ShmemBarrierAll();
+  std::vector<uint64_t> got(words);
+  ASSERT_EQ(core::GpuMemcpy(got.data(), rows, words * sizeof(uint64_t)), core::kGpuSuccess);
+  uint64_t guard;
+  std::memset(&guard, kGuard, sizeof(guard));
+  size_t bad = 0;
+  for (int r = 0; r < N(); ++r) {
+    for (unsigned t = 0; t < threads; ++t) {
+      unsigned filled = MixedTarget(r, t, N()) != Me() ? 0 : t % 3 == 1 ? 3 : t % 3 == 2 ? 1 : 0;
+      for (unsigned j = 0; j < kMixedWords; ++j) {
+        uint64_t want = j < filled ? MixedWord(r, t, j) : guard;
+        uint64_t have = got[(static_cast<size_t>(r) * threads + t) * kMixedWords + j];
+        if (have != want && bad++ < 5) {
+          ADD_FAILURE() << "PE " << Me() << ": sender " << r << " thread " << t << " word " << j << ": 0x" << std::hex
+                        << have << ", expected 0x" << want;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  ShmemBarrierAll();
+  ShmemFree(src);
+  ShmemFree(rows);
+}
+
 // Every thread gets its slice of the peer's buffer (nbi + quiet, or blocking), into the local heap.
 MORI_GLOBAL void GetKernel(int blocking, int group, uint8_t* dst, const uint8_t* src, size_t chunk, int pe) {
   if (group == 2) {

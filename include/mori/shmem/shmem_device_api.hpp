@@ -61,6 +61,12 @@ MORI_DEVICE_INLINE void Transfer(const char* op, void* dst, const void* src, siz
       }
       break;
     case TransportType::RDMA:
+      if constexpr (G == Group::Thread && D == Direction::Put) {
+        if (!wait) {
+          RdmaPutAggregated(s, op, pe, offset, src, bytes);
+          break;
+        }
+      }
       GroupSync<G>();  // the whole group's source data is written before the NIC is told to read it
       if (GroupRank<G>() == 0) {
         uint32_t slot = D == Direction::Put ? RdmaPut(s, op, pe, offset, src, bytes, wait)
@@ -233,7 +239,7 @@ MORI_DEVICE_INLINE void ShmemPutTypeImmNbiThread(T* dest, T value, int pe) {
       *reinterpret_cast<volatile T*>(detail::PeerAddress<T>(s, pe, offset)) = value;
       break;
     case TransportType::RDMA:
-      detail::RdmaPut(s, op, pe, offset, &value, sizeof(T), false);  // inline: the value travels in the WQE
+      detail::RdmaPutAggregated(s, op, pe, offset, &value, sizeof(T));  // inline: the value travels in the WQE
       break;
     case TransportType::Proxy:
       detail::ProxyPutInline(s, pe, offset, &value, sizeof(T));  // the value travels in the request

@@ -12,6 +12,7 @@
 #include "mori/core/copy.hpp"
 #include "mori/core/device_assert.hpp"
 #include "mori/core/kernel.hpp"
+#include "mori/core/warp.hpp"
 #include "mori/rdma/device_primitives.hpp"
 #include "mori/shmem/shmem_proxy_request.hpp"
 #include "mori/shmem/shmem_state_access.hpp"
@@ -198,6 +199,43 @@ MORI_DEVICE_INLINE uint32_t RdmaPut(const ShmemDeviceState& s, const char* op, i
                       [&](uintptr_t l, uintptr_t r, size_t n, bool sig) {
                         return rdma::PostWriteOrdered<kProvider>(qp.wq, qp.cq, l, lkey, r, rkey, n, sig, s.timeoutNs);
                       });
+}
+
+// A thread's non-blocking RDMA put, aggregated with the other lanes of its warp that post to the same QP in
+// the same call: the group's lowest lane reserves the group's slots with one atomic, every lane writes its
+// own WQE, and one doorbell announces them all (the NIC reads them in one pass). A put that needs more than
+// one WQE posts alone.
+MORI_DEVICE_INLINE void RdmaPutAggregated(const ShmemDeviceState& s, const char* op, int pe, uint64_t offset,
+                                          const void* src, size_t bytes) {
+  ShmemQueuePair& qp = QueueFor(s, pe);
+  const uint32_t lkey = LocalKey(s, src, bytes);
+  const bool inlined = lkey == ~0u;
+  const bool oneWqe = inlined ? bytes <= qp.wq.maxInlineData : bytes <= rdma::mlx5::kMaxMessageBytes;
+  const core::LaneMask active = core::ActiveLanes();
+  // Every active lane takes part in the match; one that posts alone has a key no QP address can equal.
+  const uint64_t key = oneWqe ? reinterpret_cast<uintptr_t>(&qp) : ~uint64_t(core::LaneId());
+  const core::LaneMask group = core::MatchAny(active, key);
+  if (!oneWqe) {
+    RdmaPut(s, op, pe, offset, src, bytes, false);  // traps naming the source when it cannot go inline
+    return;
+  }
+  const unsigned leader = core::LowestLane(group);
+  const uint32_t n = core::LaneCount(group);
+  uint32_t first = 0;
+  if (core::LaneId() == leader) first = rdma::ReserveSendSlots<kProvider>(qp.wq, qp.cq, n, s.timeoutNs);
+  first = core::ShuffleFrom(group, first, leader);
+  const uint32_t slot = first + core::LaneCount(group & core::LanesBelow());
+  const uintptr_t raddr = s.remoteBases[pe] + offset;
+  const bool signal = rdma::SignalNeeded(qp.wq, slot, false);
+  uint64_t dbr = inlined ? rdma::PostWriteInline<kProvider>(qp.wq, slot, signal, qp.wq.qpn, src, raddr, s.rkeys[pe],
+                                                             bytes)
+                         : rdma::PostWrite<kProvider>(qp.wq, slot, signal, qp.wq.qpn, reinterpret_cast<uintptr_t>(src),
+                                                      lkey, raddr, s.rkeys[pe], bytes);
+  // The doorbell carries the last WQE's control word; every lane's WQE is written before it rings.
+  dbr = core::ShuffleFrom(group, dbr, core::HighestLane(group));
+  core::AtomicFence<MemoryOrder::Release, Scope::System>();
+  core::SyncLanes(group);
+  if (core::LaneId() == leader) rdma::RingDoorbellOrdered<kProvider>(qp.wq, first, n, dbr, s.timeoutNs);
 }
 
 // RDMA read of `bytes` from `offset` in pe's heap into local [dst, dst + bytes) (heap or registered).
