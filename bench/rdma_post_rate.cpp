@@ -31,8 +31,9 @@ struct Queues {
   CompletionQueueHandle cq;
 };
 
-// Each thread posts `perThread` WQEs to QP (block % qps): NOPs (op 0) or `bytes`-byte writes (op 1); the
-// first thread of each block quiets its QP at the end.
+// Each thread posts `perThread` WQEs to QP (block % qps): NOPs (op 0) or `bytes`-byte writes (op 1), each
+// with its own reservation and doorbell; or the same warp-aggregated (ops 2 and 3: the lanes of a warp
+// reserve with one atomic and ring one doorbell). The first thread of each block quiets its QP at the end.
 MORI_GLOBAL void PostLoop(Queues* queues, uint32_t qps, int op, uint32_t perThread, RdmaMemoryRegion src,
                           RdmaMemoryRegion dst, uint64_t bytes, uint32_t* errors) {
   Queues& q = queues[core::BlockIdxX() % qps];
@@ -41,6 +42,12 @@ MORI_GLOBAL void PostLoop(Queues* queues, uint32_t qps, int op, uint32_t perThre
       uint32_t slot = ReserveSendSlots<P>(q.wq, q.cq, 1, kTimeoutNs);
       uint64_t dbr = PostNop<P>(q.wq, slot, SignalNeeded(q.wq, slot, false), q.wq.qpn);
       RingDoorbellOrdered<P>(q.wq, slot, 1, dbr, kTimeoutNs);
+    } else if (op >= 2) {
+      GroupSlots g = ReserveSendSlotsForGroup<P>(q.wq, q.cq, core::ActiveLanes(), kTimeoutNs);
+      bool signal = SignalNeeded(q.wq, g.slot, false);
+      uint64_t dbr = op == 2 ? PostNop<P>(q.wq, g.slot, signal, q.wq.qpn)
+                             : PostWrite<P>(q.wq, g.slot, signal, q.wq.qpn, src.addr, src.lkey, dst.addr, dst.rkey, bytes);
+      RingDoorbellForGroup<P>(q.wq, g, dbr, kTimeoutNs);
     } else {
       PostWriteOrdered<P>(q.wq, q.cq, src.addr, src.lkey, dst.addr, dst.rkey, bytes, false, kTimeoutNs);
     }
@@ -129,15 +136,18 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     rows.push_back(Measure("NOP, 1 thread", 1, 1, 1, 0, n * 20, 0));
     rows.push_back(Measure("NOP, many threads", 1, manyBlocks, manyThreads, 0, n / 4, 0));
+    rows.push_back(Measure("NOP, many threads, warp-agg", 1, manyBlocks, manyThreads, 2, n / 4, 0));
     rows.push_back(Measure("NOP, QP per block", manyBlocks, manyBlocks, manyThreads, 0, n / 4, 0));
+    rows.push_back(Measure("NOP, QP per block, warp-agg", manyBlocks, manyBlocks, manyThreads, 2, n / 4, 0));
     rows.push_back(Measure("8 B write, 1 thread", 1, 1, 1, 1, n * 5, 8));
     rows.push_back(Measure("8 B write, QP per block", manyBlocks, manyBlocks, manyThreads, 1, n / 16, 8));
+    rows.push_back(Measure("8 B write, QP/block, warp-agg", manyBlocks, manyBlocks, manyThreads, 3, n / 16, 8));
     rows.push_back(Measure("64 KiB write, 1 thread", 1, 1, 1, 1, quick ? 50 : 500, 64 << 10));
     rows.push_back(Measure("1 MiB write, 1 thread", 1, 1, 1, 1, quick ? 10 : 100, 1 << 20));
     std::printf("rdma_post_rate (%s backend, emulated NIC consuming)\n", MORI_BACKEND_NAME);
-    std::printf("%-26s %5s %7s %8s %10s %12s %10s\n", "case", "QPs", "blocks", "threads", "WQEs", "WQE/s", "GB/s");
+    std::printf("%-30s %5s %7s %8s %10s %12s %10s\n", "case", "QPs", "blocks", "threads", "WQEs", "WQE/s", "GB/s");
     for (const Row& r : rows) {
-      std::printf("%-26s %5u %7u %8u %10llu %12.0f %10.3f\n", r.what.c_str(), r.qps, r.blocks, r.threads,
+      std::printf("%-30s %5u %7u %8u %10llu %12.0f %10.3f\n", r.what.c_str(), r.qps, r.blocks, r.threads,
                   static_cast<unsigned long long>(r.wqes), r.wqes / r.seconds, r.bytes / r.seconds / 1e9);
     }
     return 0;

@@ -16,6 +16,7 @@
 #include "mori/core/device.hpp"
 #include "mori/core/device_assert.hpp"
 #include "mori/core/kernel.hpp"
+#include "mori/core/warp.hpp"
 #include "mori/rdma/queue_handles.hpp"
 
 namespace mori::rdma {
@@ -309,6 +310,41 @@ MORI_HOST_DEVICE_INLINE uint32_t PostSendOrdered(WorkQueueHandle& wq, Completion
   uint64_t dbr = PostSend<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, bytes);
   RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
   return slot;
+}
+
+// ---- Warp-aggregated posting ----
+
+// Slots of a group of lanes of one warp that each post one WQE to the same queue at the same time.
+struct GroupSlots {
+  core::LaneMask group;  // the lanes posting together
+  uint32_t first;        // the group's first slot
+  uint32_t count;        // one per lane
+  uint32_t slot;         // the calling lane's
+};
+
+// Every lane of `group` calls this: the group's lowest lane reserves `count` slots with one atomic (waiting
+// for room as ReserveSendSlots does) and each lane gets its own, in lane order.
+template <ProviderType P>
+MORI_DEVICE_INLINE GroupSlots ReserveSendSlotsForGroup(WorkQueueHandle& wq, CompletionQueueHandle& cq,
+                                                       core::LaneMask group, uint64_t timeoutNs) {
+  const unsigned leader = core::LowestLane(group);
+  GroupSlots g{group, 0, core::LaneCount(group), 0};
+  if (core::LaneId() == leader) g.first = ReserveSendSlots<P>(wq, cq, g.count, timeoutNs);
+  g.first = core::ShuffleFrom(group, g.first, leader);
+  g.slot = g.first + core::LaneCount(group & core::LanesBelow());
+  return g;
+}
+
+// Every lane of the group calls this after writing its WQE (`dbrVal` is what the post returned): one
+// doorbell, rung by the lowest lane with the last WQE's control word, announces the group's slots.
+template <ProviderType P>
+MORI_DEVICE_INLINE void RingDoorbellForGroup(WorkQueueHandle& wq, const GroupSlots& g, uint64_t dbrVal,
+                                             uint64_t timeoutNs) {
+  const uint64_t last = core::ShuffleFrom(g.group, dbrVal, core::HighestLane(g.group));
+  // Each lane's WQE is written before the lane that announces it goes on.
+  core::AtomicFence<core::MemoryOrder::Release, core::Scope::System>();
+  core::SyncLanes(g.group);
+  if (core::LaneId() == core::LowestLane(g.group)) RingDoorbellOrdered<P>(wq, g.first, g.count, last, timeoutNs);
 }
 
 // Waits until every WQE posted to `wq` before the call has completed (a signaled NOP covers unsignaled

@@ -12,7 +12,6 @@
 #include "mori/core/copy.hpp"
 #include "mori/core/device_assert.hpp"
 #include "mori/core/kernel.hpp"
-#include "mori/core/warp.hpp"
 #include "mori/rdma/device_primitives.hpp"
 #include "mori/shmem/shmem_proxy_request.hpp"
 #include "mori/shmem/shmem_state_access.hpp"
@@ -219,23 +218,14 @@ MORI_DEVICE_INLINE void RdmaPutAggregated(const ShmemDeviceState& s, const char*
     RdmaPut(s, op, pe, offset, src, bytes, false);  // traps naming the source when it cannot go inline
     return;
   }
-  const unsigned leader = core::LowestLane(group);
-  const uint32_t n = core::LaneCount(group);
-  uint32_t first = 0;
-  if (core::LaneId() == leader) first = rdma::ReserveSendSlots<kProvider>(qp.wq, qp.cq, n, s.timeoutNs);
-  first = core::ShuffleFrom(group, first, leader);
-  const uint32_t slot = first + core::LaneCount(group & core::LanesBelow());
+  const rdma::GroupSlots g = rdma::ReserveSendSlotsForGroup<kProvider>(qp.wq, qp.cq, group, s.timeoutNs);
   const uintptr_t raddr = s.remoteBases[pe] + offset;
-  const bool signal = rdma::SignalNeeded(qp.wq, slot, false);
-  uint64_t dbr = inlined ? rdma::PostWriteInline<kProvider>(qp.wq, slot, signal, qp.wq.qpn, src, raddr, s.rkeys[pe],
-                                                             bytes)
-                         : rdma::PostWrite<kProvider>(qp.wq, slot, signal, qp.wq.qpn, reinterpret_cast<uintptr_t>(src),
-                                                      lkey, raddr, s.rkeys[pe], bytes);
-  // The doorbell carries the last WQE's control word; every lane's WQE is written before it rings.
-  dbr = core::ShuffleFrom(group, dbr, core::HighestLane(group));
-  core::AtomicFence<MemoryOrder::Release, Scope::System>();
-  core::SyncLanes(group);
-  if (core::LaneId() == leader) rdma::RingDoorbellOrdered<kProvider>(qp.wq, first, n, dbr, s.timeoutNs);
+  const bool signal = rdma::SignalNeeded(qp.wq, g.slot, false);
+  const uint64_t dbr =
+      inlined ? rdma::PostWriteInline<kProvider>(qp.wq, g.slot, signal, qp.wq.qpn, src, raddr, s.rkeys[pe], bytes)
+              : rdma::PostWrite<kProvider>(qp.wq, g.slot, signal, qp.wq.qpn, reinterpret_cast<uintptr_t>(src), lkey,
+                                           raddr, s.rkeys[pe], bytes);
+  rdma::RingDoorbellForGroup<kProvider>(qp.wq, g, dbr, s.timeoutNs);
 }
 
 // RDMA read of `bytes` from `offset` in pe's heap into local [dst, dst + bytes) (heap or registered).
