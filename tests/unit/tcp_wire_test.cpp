@@ -5,13 +5,17 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/test_util.hpp"
 #include "mori/core/errors.hpp"
 #include "tcp/tcp_link.hpp"
+#include "tcp/tcp_registry.hpp"
 
 namespace mori::core::tcp {
 namespace {
@@ -282,6 +286,50 @@ TEST(TcpListener, ListensOnEveryChannelAndHandsOutAValidHandle) {
   EXPECT_NE(h.addresses[0].Port(), h.addresses[1].Port());
   o.ifnames = {"no_such_if0"};
   ExpectError([&] { TcpListener bad(o, 0); }, ErrorCode::InvalidUsage, "no_such_if0");
+}
+
+// A receiver holds a registration while it writes: deregistration waits for it, and what asks for the key
+// meanwhile or after is refused naming it.
+TEST(TcpRegistry, DeregisterWaitsForTargetsInUseAndRefusesNewOnes) {
+  std::vector<uint8_t> memory(256);
+  const uint32_t key = RegisterTcpMemory(memory.data(), memory.size(), false);
+  ASSERT_NE(key, 0u);
+  TcpTarget held = ResolveTcpMemory(key, 16, 32);
+  EXPECT_EQ(held.Ptr(), memory.data() + 16);
+  EXPECT_FALSE(held.DeviceMemory());
+  auto refused = [&](uint64_t offset, uint64_t bytes, const char* why) {
+    try {
+      (void)ResolveTcpMemory(key, offset, bytes);
+      ADD_FAILURE() << "resolved key " << key << " [" << offset << ", +" << bytes << ")";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.Code(), ErrorCode::Protocol);
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("key " + std::to_string(key)), std::string::npos) << e.what();
+    }
+  };
+  refused(250, 7, "holds 256 bytes");
+  std::atomic<bool> done{false};
+  std::thread deregister([&] {
+    DeregisterTcpMemory(key);
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_FALSE(done.load()) << "deregistered while a target was held";
+  refused(0, 8, "being deregistered");
+  // The holder finishes writing, then lets go.
+  std::memset(held.Ptr(), 0x5c, 32);
+  TcpTarget moved = std::move(held);
+  held.Release();  // a moved-from target holds nothing
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_FALSE(done.load()) << "the moved-to target no longer held the registration";
+  moved.Release();
+  deregister.join();
+  EXPECT_TRUE(done.load());
+  refused(0, 8, "not registered");
+  EXPECT_EQ(memory[15], 0u);
+  EXPECT_EQ(memory[16], 0x5c);
+  EXPECT_EQ(memory[48], 0u);
+  DeregisterTcpMemory(key);  // again: nothing to do
 }
 
 }  // namespace

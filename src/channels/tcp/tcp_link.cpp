@@ -796,7 +796,8 @@ void TcpLink::Impl::ApplyWrite(LinkChannel& ch, const FrameHeader& h, GpuLane& g
              "Write frame from rank %d carries chunk %llu where chunk %llu was due on this channel; nothing written",
              peerRank_, static_cast<unsigned long long>(h.before), static_cast<unsigned long long>(expected));
   TcpTarget t = Resolve(h, h.length);
-  ReceiveInto(ch, t.ptr, t.deviceMemory, h.length, gpu);
+  ReceiveInto(ch, t.Ptr(), t.DeviceMemory(), h.length, gpu);
+  t.Release();
   {
     std::lock_guard<std::mutex> lock(appliedMutex_);
     ++ch.appliedWrites;
@@ -833,18 +834,18 @@ void TcpLink::Impl::WaitForEarlierWrites(const FrameHeader& h) {
 }
 
 void TcpLink::Impl::ApplyWordOp(LinkChannel& ch, const FrameHeader& h, GpuLane& gpu) {
+  WaitForEarlierWrites(h);  // first: the registration is held only while the word is touched
   TcpTarget t = Resolve(h, sizeof(uint64_t));
-  MORI_CHECK(reinterpret_cast<uintptr_t>(t.ptr) % 8 == 0, ErrorCode::Protocol,
+  MORI_CHECK(reinterpret_cast<uintptr_t>(t.Ptr()) % 8 == 0, ErrorCode::Protocol,
              "%s frame from rank %d for offset %llu of memory key %u: not 8-byte aligned; nothing written",
              FrameTypeName(h.type), peerRank_, static_cast<unsigned long long>(h.offset), h.key);
-  WaitForEarlierWrites(h);
-  auto* word = reinterpret_cast<uint64_t*>(t.ptr);
+  auto* word = reinterpret_cast<uint64_t*>(t.Ptr());
   const auto type = static_cast<FrameType>(h.type);
   uint64_t old = 0;
-  uint64_t* staging = t.deviceMemory ? gpu.Word() : nullptr;  // before the lock: may allocate
+  uint64_t* staging = t.DeviceMemory() ? gpu.Word() : nullptr;  // before the lock: may allocate
   {
     std::lock_guard<std::mutex> lock(WordLock(word));
-    if (!t.deviceMemory) {
+    if (!t.DeviceMemory()) {
       if (type == FrameType::Update) {
         AtomicStore<MemoryOrder::Release>(word, h.arg0);
       } else if (type == FrameType::FetchAdd) {
@@ -863,6 +864,7 @@ void TcpLink::Impl::ApplyWordOp(LinkChannel& ch, const FrameHeader& h, GpuLane& 
       gpu.Copy(word, staging, sizeof(uint64_t));
     }
   }
+  t.Release();
   if (type != FrameType::Update) {
     OutFrame r;
     r.header = MakeFrame(FrameType::AtomicResult);
@@ -881,21 +883,22 @@ GpuBuffer& TcpLink::Impl::Bounce(std::unique_ptr<GpuBuffer>& bounce, GpuLane& gp
 
 void TcpLink::Impl::ApplyRead(LinkChannel& ch, const FrameHeader& h, GpuLane& gpu) {
   const uint64_t bytes = h.arg0;
-  TcpTarget t = Resolve(h, bytes);
   WaitForEarlierWrites(h);
+  TcpTarget t = Resolve(h, bytes);
   // Copied now, at the request's place in the order, not when the replies go out.
   auto data = std::make_shared<std::vector<uint8_t>>(bytes);
-  if (t.deviceMemory) {
+  if (t.DeviceMemory()) {
     GpuBuffer& bounce = Bounce(ch.recvBounce, gpu);
     for (uint64_t off = 0; off < bytes;) {
       size_t piece = static_cast<size_t>(std::min<uint64_t>(bounce.Bytes(), bytes - off));
-      gpu.Copy(bounce.Data(), t.ptr + off, piece);
+      gpu.Copy(bounce.Data(), t.Ptr() + off, piece);
       std::memcpy(data->data() + off, bounce.Data(), piece);
       off += piece;
     }
   } else {
-    std::memcpy(data->data(), t.ptr, bytes);
+    std::memcpy(data->data(), t.Ptr(), bytes);
   }
+  t.Release();
   for (uint64_t off = 0; off < bytes; off += options_.chunkBytes) {
     OutFrame r;
     r.header = MakeFrame(FrameType::ReadData);

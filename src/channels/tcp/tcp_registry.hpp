@@ -1,5 +1,6 @@
 // Memory this process lets TCP peers write into and read from, by key. A TCP receiver checks every request
-// against it (key known, range inside), so bytes from a socket never land outside registered memory.
+// against it (key known, range inside), so bytes from a socket never land outside registered memory, and
+// holds the entry while it writes, so memory is never deregistered (and freed) under a write in flight.
 #pragma once
 
 #include <cstddef>
@@ -10,14 +11,35 @@ namespace mori::core::tcp {
 // Registers [ptr, ptr + bytes) (device memory of this process's GPU when `deviceMemory`); returns its key (never
 // 0). Thread-safe.
 uint32_t RegisterTcpMemory(void* ptr, size_t bytes, bool deviceMemory);
+
+// Removes the key. New requests for it are refused at once; the call returns when the requests that resolved
+// it before are done with the memory (bounded: after twice MORI_TIMEOUT_S it logs an error naming the key and
+// returns anyway; a receiver gives up on a stalled frame after MORI_TIMEOUT_S).
 void DeregisterTcpMemory(uint32_t key);
 
-struct TcpTarget {
-  uint8_t* ptr;       // start of the requested range
-  bool deviceMemory;
+// A resolved range, holding its registration until destroyed (or moved from).
+class TcpTarget {
+ public:
+  TcpTarget() = default;
+  TcpTarget(uint8_t* ptr, bool deviceMemory, uint32_t key) : ptr_(ptr), deviceMemory_(deviceMemory), key_(key) {}
+  TcpTarget(TcpTarget&& o) noexcept : ptr_(o.ptr_), deviceMemory_(o.deviceMemory_), key_(o.key_) { o.key_ = 0; }
+  TcpTarget& operator=(TcpTarget&& o) noexcept;
+  TcpTarget(const TcpTarget&) = delete;
+  TcpTarget& operator=(const TcpTarget&) = delete;
+  ~TcpTarget() { Release(); }
+
+  uint8_t* Ptr() const { return ptr_; }  // start of the requested range
+  bool DeviceMemory() const { return deviceMemory_; }
+  void Release();  // done with the memory before destruction
+
+ private:
+  uint8_t* ptr_ = nullptr;
+  bool deviceMemory_ = false;
+  uint32_t key_ = 0;  // 0: holds nothing
 };
+
 // The range [offset, offset + bytes) of the memory registered under `key`; throws Error(Protocol) naming the
-// key and range when the key is unknown or the range leaves the memory.
+// key and range when the key is unknown, being deregistered, or the range leaves the memory.
 TcpTarget ResolveTcpMemory(uint32_t key, uint64_t offset, uint64_t bytes);
 
 }  // namespace mori::core::tcp
