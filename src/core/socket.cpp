@@ -256,9 +256,12 @@ UniqueFd Listen(SocketAddress& address, int backlog) {
   return fd;
 }
 
-UniqueFd ConnectWithRetry(const SocketAddress& peer, const Deadline& deadline, const std::string& what) {
+UniqueFd ConnectWithRetry(const SocketAddress& peer, const Deadline& deadline, const std::string& what,
+                          double refusedGiveUpS) {
   int delayMs = 1;
   int lastErr = 0;
+  bool refusing = false;  // every attempt since `refusedGiveUp` was set was refused
+  Deadline refusedGiveUp = Deadline::After(0);
   while (true) {
     UniqueFd fd(socket(peer.Family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     MORI_CHECK_SYS(fd.Get());
@@ -286,6 +289,18 @@ UniqueFd ConnectWithRetry(const SocketAddress& peer, const Deadline& deadline, c
     bool retryable = lastErr == ECONNREFUSED || lastErr == ETIMEDOUT || lastErr == ENETUNREACH ||
                      lastErr == EHOSTUNREACH || lastErr == ECONNRESET || lastErr == EAGAIN || lastErr == EINTR;
     if (!retryable) MORI_THROW_SYS(lastErr, "cannot connect to %s at %s", what.c_str(), peer.ToString().c_str());
+    if (refusedGiveUpS >= 0 && lastErr == ECONNREFUSED) {
+      if (!refusing) refusedGiveUp = Deadline::After(refusedGiveUpS);
+      refusing = true;
+      if (refusedGiveUp.Expired()) {
+        throw Error(ErrorCode::RemoteFailure,
+                    StrFormat("%s at %s refused every connection for %.1f s though it was listening before: its "
+                              "process exited?",
+                              what.c_str(), peer.ToString().c_str(), refusedGiveUpS));
+      }
+    } else {
+      refusing = false;
+    }
     if (deadline.Expired()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(std::min(delayMs, std::max(1, deadline.RemainingMs()))));
     delayMs = std::min(delayMs * 2, 100);

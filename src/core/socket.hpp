@@ -81,8 +81,11 @@ SocketAddress PeerAddressOf(int fd);
 UniqueFd Listen(SocketAddress& address, int backlog = 256);
 
 // Connects to `peer`, retrying refused or unreachable attempts until `deadline`; `what` names the peer in
-// the TimeoutError ("bootstrap root", "rank 3").
-UniqueFd ConnectWithRetry(const SocketAddress& peer, const Deadline& deadline, const std::string& what);
+// the TimeoutError ("bootstrap root", "rank 3"). With `refusedGiveUpS` >= 0 the peer is known to have been
+// listening already: refusals for that long in a row mean its listener is gone (the process exited), an
+// Error(RemoteFailure) naming it, rather than a wait for the whole deadline.
+UniqueFd ConnectWithRetry(const SocketAddress& peer, const Deadline& deadline, const std::string& what,
+                          double refusedGiveUpS = -1);
 
 // Accepts one connection, waiting at most until `deadline`; returns an invalid fd on timeout.
 UniqueFd AcceptOne(int listenFd, const Deadline& deadline);

@@ -84,6 +84,9 @@ using bootstrap_wire::HelloPayload;
 using bootstrap_wire::HelloPurpose;
 using bootstrap_wire::UniqueIdLayout;
 
+// How long a peer's address may refuse connections before the peer is taken for dead.
+constexpr double kPeerRefusedGiveUpS = 2.0;
+
 uint64_t RandomNonce() {
   uint64_t v = 0;
   while (v == 0) {
@@ -392,7 +395,8 @@ class SocketBootstrap::Impl {
     UniqueFd& fd = outgoing_[static_cast<size_t>(peer)];
     if (fd) return fd.Get();
     net::SocketAddress addr = net::SocketAddress::FromWire(peerAddrs_[static_cast<size_t>(peer)]);
-    fd = net::ConnectWithRetry(addr, deadline, RankName(peer));
+    // Every rank listened before the addresses went round: a refusal that lasts means the peer is gone.
+    fd = net::ConnectWithRetry(addr, deadline, RankName(peer), kPeerRefusedGiveUpS);
     HelloPayload hello = MakeHello(HelloPurpose::Data);
     FrameHeader h = MakeHeader(FrameType::Hello, rank_, 0, sizeof(hello));
     net::SetNonBlocking(fd.Get(), true);

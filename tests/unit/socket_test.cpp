@@ -1,8 +1,8 @@
 // Socket helpers: address and endpoint parsing, interface lookup, bounded transfers and their errors.
 #include <gtest/gtest.h>
-
 #include <sys/socket.h>
 
+#include <chrono>
 #include <thread>
 
 #include "../common/test_util.hpp"
@@ -120,6 +120,34 @@ TEST(Socket, ConnectingToNobodyTimesOutNamingThePeer) {
   } catch (const TimeoutError& e) {
     EXPECT_NE(std::string(e.what()).find("rank 0 at 127.0.0.1:"), std::string::npos) << e.what();
   }
+}
+
+TEST(Socket, APeerWhoseListenerIsGoneIsNamedBeforeTheDeadline) {
+  SocketAddress addr = SocketAddress::Parse("127.0.0.1:" + std::to_string(test::FreeTcpPort()));
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    ConnectWithRetry(addr, Deadline::After(30), "rank 3", 0.3);
+    FAIL();
+  } catch (const TimeoutError& e) {
+    FAIL() << "waited for the whole deadline: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.Code(), ErrorCode::RemoteFailure);
+    EXPECT_NE(std::string(e.what()).find("rank 3 at 127.0.0.1:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("refused every connection"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  // A listener that comes within the grace is reached.
+  SocketAddress late = SocketAddress::Parse("127.0.0.1:" + std::to_string(test::FreeTcpPort()));
+  std::thread listen([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    SocketAddress a = late;
+    UniqueFd l = Listen(a);
+    UniqueFd s = AcceptOne(l.Get(), Deadline::After(10));
+    EXPECT_TRUE(s.Valid());
+  });
+  UniqueFd c = ConnectWithRetry(late, Deadline::After(10), "rank 4", 5);
+  EXPECT_TRUE(c.Valid());
+  listen.join();
 }
 
 }  // namespace
