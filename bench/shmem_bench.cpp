@@ -31,7 +31,8 @@ using core::Dim3;
 constexpr bench::Machine kMachine{MORI_BACKEND_HOST != 0};
 
 // Block b puts its 16-byte aligned slice of [0, size) `iters` times; the slices cover [0, size) once.
-MORI_GLOBAL void PutBwKernel(uint8_t* dst, const uint8_t* src, size_t size, int iters, int pe) {
+MORI_GLOBAL void MORI_LAUNCH_BOUNDS(1024)
+    PutBwKernel(uint8_t* dst, const uint8_t* src, size_t size, int iters, int pe) {
   const size_t blocks = core::FlatGridDim();
   const size_t slice = ((size + blocks - 1) / blocks + 15) / 16 * 16;
   const size_t begin = std::min(size, slice * core::FlatBlockIdx());
@@ -59,8 +60,9 @@ MORI_GLOBAL void PingPongKernel(uint64_t* flag, uint64_t base, int iters, int me
 }
 
 // The message of round i carries signal base + i; the partner answers once it has seen it.
-MORI_GLOBAL void SignalPingPongKernel(int blockScope, uint8_t* buf, const uint8_t* src, size_t bytes, uint64_t* sig,
-                                      uint64_t base, int iters, int me) {
+MORI_GLOBAL void MORI_LAUNCH_BOUNDS(1024)
+    SignalPingPongKernel(int blockScope, uint8_t* buf, const uint8_t* src, size_t bytes, uint64_t* sig, uint64_t base,
+                         int iters, int me) {
   const int peer = 1 - me;
   const bool leader = core::FlatThreadIdx() == 0;
   auto wait = [&](uint64_t v) {

@@ -70,7 +70,8 @@ MatrixOptions Parse(int argc, char** argv) {
 }
 
 // Block b puts its slice of [0, size) `iters` times; the slices cover [0, size) once.
-MORI_GLOBAL void PairPutKernel(uint8_t* dst, const uint8_t* src, size_t size, int iters, int pe) {
+MORI_GLOBAL void MORI_LAUNCH_BOUNDS(1024)
+    PairPutKernel(uint8_t* dst, const uint8_t* src, size_t size, int iters, int pe) {
   const size_t blocks = core::FlatGridDim();
   const size_t slice = ((size + blocks - 1) / blocks + 15) / 16 * 16;
   const size_t begin = slice * core::FlatBlockIdx() < size ? slice * core::FlatBlockIdx() : size;

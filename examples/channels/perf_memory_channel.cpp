@@ -49,8 +49,8 @@ struct Options {
 
 // Block b copies its 16-byte-aligned share of [offset, + bytes) into the peer, then signals the peer's block b
 // and waits for it: one iteration is a put each way and a handshake per block.
-MORI_GLOBAL void BidirPutKernel(const core::MemoryChannelDeviceHandle* channels, uint64_t offset, uint64_t bytes,
-                                int iters) {
+MORI_GLOBAL void MORI_LAUNCH_BOUNDS(1024)
+    BidirPutKernel(const core::MemoryChannelDeviceHandle* channels, uint64_t offset, uint64_t bytes, int iters) {
   core::MemoryChannelDeviceHandle ch = channels[core::BlockIdxX()];
   const uint64_t share = (bytes + core::GridDimX() - 1) / core::GridDimX();
   const uint64_t per = (share + 15) / 16 * 16;

@@ -46,6 +46,16 @@
 #define MORI_HOST_DEVICE_INLINE inline
 #endif
 
+// The most threads per block a kernel is ever launched with, so the compiler fits its registers to it. On
+// NVIDIA GPUs a kernel that calls the SHMEM device API uses more than 64 registers per thread unless told:
+// launches beyond 512 threads per block then fail with "too many resources requested for launch".
+//   MORI_GLOBAL void MORI_LAUNCH_BOUNDS(1024) MyKernel(...)
+#if MORI_GPU_COMPILER
+#define MORI_LAUNCH_BOUNDS(maxThreadsPerBlock) __launch_bounds__(maxThreadsPerBlock)
+#else
+#define MORI_LAUNCH_BOUNDS(maxThreadsPerBlock)
+#endif
+
 // Threads that execute in lockstep: a CUDA warp, an AMD wavefront (64 on the gfx9 family we build for),
 // and on HOST a single host thread.
 #if MORI_BACKEND_CUDA
