@@ -257,7 +257,12 @@ UniqueFd Listen(SocketAddress& address, int backlog) {
 }
 
 UniqueFd ConnectWithRetry(const SocketAddress& peer, const Deadline& deadline, const std::string& what,
-                          double refusedGiveUpS) {
+                          const ConnectOptions& options) {
+  const std::optional<SocketAddress>& from = options.from;
+  MORI_CHECK(!from || from->Family() == peer.Family(), ErrorCode::InvalidUsage,
+             "cannot reach %s at %s from %s: the address families differ", what.c_str(), peer.ToString().c_str(),
+             from->HostString().c_str());
+  const double refusedGiveUpS = options.refusedGiveUpS;
   int delayMs = 1;
   int lastErr = 0;
   bool refusing = false;  // every attempt since `refusedGiveUp` was set was refused
@@ -265,6 +270,9 @@ UniqueFd ConnectWithRetry(const SocketAddress& peer, const Deadline& deadline, c
   while (true) {
     UniqueFd fd(socket(peer.Family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     MORI_CHECK_SYS(fd.Get());
+    if (from && bind(fd.Get(), from->Sockaddr(), from->Length()) < 0) {
+      MORI_THROW_SYS(errno, "cannot bind the socket for %s to %s", what.c_str(), from->ToString().c_str());
+    }
     int rc = connect(fd.Get(), peer.Sockaddr(), peer.Length());
     if (rc < 0 && errno == EINPROGRESS) {
       pollfd pfd{fd.Get(), POLLOUT, 0};

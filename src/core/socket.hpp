@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,12 +81,18 @@ SocketAddress PeerAddressOf(int fd);
 // A listening TCP socket on `address` (port 0: any); `address` is updated with the port given.
 UniqueFd Listen(SocketAddress& address, int backlog = 256);
 
+struct ConnectOptions {
+  // Bind the socket to this local address (its port: 0) before connecting, to pick the interface.
+  std::optional<SocketAddress> from;
+  // >= 0: the peer is known to have been listening already, so refusals for this long in a row mean its
+  // listener is gone (the process exited): an Error(RemoteFailure) naming it, not a wait for the deadline.
+  double refusedGiveUpS = -1;
+};
+
 // Connects to `peer`, retrying refused or unreachable attempts until `deadline`; `what` names the peer in
-// the TimeoutError ("bootstrap root", "rank 3"). With `refusedGiveUpS` >= 0 the peer is known to have been
-// listening already: refusals for that long in a row mean its listener is gone (the process exited), an
-// Error(RemoteFailure) naming it, rather than a wait for the whole deadline.
+// the TimeoutError ("bootstrap root", "rank 3").
 UniqueFd ConnectWithRetry(const SocketAddress& peer, const Deadline& deadline, const std::string& what,
-                          double refusedGiveUpS = -1);
+                          const ConnectOptions& options = {});
 
 // Accepts one connection, waiting at most until `deadline`; returns an invalid fd on timeout.
 UniqueFd AcceptOne(int listenFd, const Deadline& deadline);

@@ -396,7 +396,7 @@ class SocketBootstrap::Impl {
     if (fd) return fd.Get();
     net::SocketAddress addr = net::SocketAddress::FromWire(peerAddrs_[static_cast<size_t>(peer)]);
     // Every rank listened before the addresses went round: a refusal that lasts means the peer is gone.
-    fd = net::ConnectWithRetry(addr, deadline, RankName(peer), kPeerRefusedGiveUpS);
+    fd = net::ConnectWithRetry(addr, deadline, RankName(peer), {std::nullopt, kPeerRefusedGiveUpS});
     HelloPayload hello = MakeHello(HelloPurpose::Data);
     FrameHeader h = MakeHeader(FrameType::Hello, rank_, 0, sizeof(hello));
     net::SetNonBlocking(fd.Get(), true);

@@ -126,7 +126,7 @@ TEST(Socket, APeerWhoseListenerIsGoneIsNamedBeforeTheDeadline) {
   SocketAddress addr = SocketAddress::Parse("127.0.0.1:" + std::to_string(test::FreeTcpPort()));
   const auto start = std::chrono::steady_clock::now();
   try {
-    ConnectWithRetry(addr, Deadline::After(30), "rank 3", 0.3);
+    ConnectWithRetry(addr, Deadline::After(30), "rank 3", {std::nullopt, 0.3});
     FAIL();
   } catch (const TimeoutError& e) {
     FAIL() << "waited for the whole deadline: " << e.what();
@@ -145,7 +145,7 @@ TEST(Socket, APeerWhoseListenerIsGoneIsNamedBeforeTheDeadline) {
     UniqueFd s = AcceptOne(l.Get(), Deadline::After(10));
     EXPECT_TRUE(s.Valid());
   });
-  UniqueFd c = ConnectWithRetry(late, Deadline::After(10), "rank 4", 5);
+  UniqueFd c = ConnectWithRetry(late, Deadline::After(10), "rank 4", {std::nullopt, 5});
   EXPECT_TRUE(c.Valid());
   listen.join();
 }

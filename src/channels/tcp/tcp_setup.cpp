@@ -13,7 +13,6 @@
 #include <cstring>
 #include <optional>
 #include <random>
-#include <thread>
 
 #include "mori/core/errors.hpp"
 #include "mori/core/logging.hpp"
@@ -28,54 +27,6 @@ uint64_t MakeNonce() {
   x ^= static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull;
   x ^= static_cast<uint64_t>(getpid()) << 17;
   return x == 0 ? 1 : x;
-}
-
-// A connection from `local` (when given; port 0) to `peer`, retrying refusals until `deadline`.
-UniqueFd ConnectFrom(const std::optional<net::SocketAddress>& local, const net::SocketAddress& peer,
-                     const Deadline& deadline, const std::string& what) {
-  int delayMs = 1;
-  int lastErr = 0;
-  while (true) {
-    UniqueFd fd(socket(peer.Family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-    MORI_CHECK_SYS(fd.Get());
-    if (local) {
-      MORI_CHECK(local->Family() == peer.Family(), ErrorCode::InvalidUsage,
-                 "cannot reach %s at %s from %s: the address families differ", what.c_str(), peer.ToString().c_str(),
-                 local->HostString().c_str());
-      if (bind(fd.Get(), local->Sockaddr(), local->Length()) < 0) {
-        MORI_THROW_SYS(errno, "cannot bind the socket for %s to %s", what.c_str(), local->ToString().c_str());
-      }
-    }
-    int rc = connect(fd.Get(), peer.Sockaddr(), peer.Length());
-    if (rc < 0 && errno == EINPROGRESS) {
-      pollfd pfd{fd.Get(), POLLOUT, 0};
-      int n = poll(&pfd, 1, std::max(1, std::min(deadline.RemainingMs(), 1000)));
-      if (n > 0) {
-        int err = 0;
-        socklen_t len = sizeof(err);
-        getsockopt(fd.Get(), SOL_SOCKET, SO_ERROR, &err, &len);
-        rc = err == 0 ? 0 : -1;
-        errno = err;
-      } else {
-        rc = -1;
-        errno = ETIMEDOUT;
-      }
-    }
-    if (rc == 0) {
-      net::SetNonBlocking(fd.Get(), false);
-      net::SetNoDelay(fd.Get());
-      return fd;
-    }
-    lastErr = errno;
-    bool retryable = lastErr == ECONNREFUSED || lastErr == ETIMEDOUT || lastErr == ENETUNREACH ||
-                     lastErr == EHOSTUNREACH || lastErr == ECONNRESET || lastErr == EAGAIN || lastErr == EINTR;
-    if (!retryable) MORI_THROW_SYS(lastErr, "cannot connect to %s at %s", what.c_str(), peer.ToString().c_str());
-    if (deadline.Expired()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(delayMs, std::max(1, deadline.RemainingMs()))));
-    delayMs = std::min(delayMs * 2, 100);
-  }
-  throw TimeoutError(StrFormat("could not connect to %s at %s within %.0f s (last error: %s)", what.c_str(),
-                               peer.ToString().c_str(), deadline.TotalSeconds(), ErrnoString(lastErr).c_str()));
 }
 
 // Reads and checks the hello on a socket accepted by channel `channel`'s listener; empty when it is the
@@ -176,7 +127,7 @@ EstablishedChannels ConnectAll(TcpListener::State& s, const TcpHandle& peer, con
       local = net::InterfaceAddressOf(ifname);
       local->SetPort(0);
     }
-    UniqueFd fd = ConnectFrom(local, peer.addresses[static_cast<size_t>(i)], deadline, what);
+    UniqueFd fd = net::ConnectWithRetry(peer.addresses[static_cast<size_t>(i)], deadline, what, {local});
 
     FrameHeader h = MakeFrame(FrameType::Hello);
     h.length = sizeof(HelloPayload);
