@@ -360,15 +360,20 @@ void RdmaConnection::Write(const RegisteredMemory& dst, uint64_t dstOffset, cons
   CheckUsable();
   const RdmaRegistration& to = RemoteRegistration(dst, dstOffset, bytes, "Write destination");
   const RdmaRegistration& from = LocalRegistration(src, srcOffset, bytes, "Write source");
+  PostTransfer(rdma::HostOp::Write, from.addr + srcOffset, from.lkey, to.addr + dstOffset, to.rkey, bytes);
+}
+
+void RdmaConnection::PostTransfer(rdma::HostOp op, uint64_t laddr, uint32_t lkey, uint64_t raddr, uint32_t rkey,
+                                  uint64_t bytes) {
   Deadline deadline = Deadline::Default();
   for (uint64_t done = 0; done < bytes;) {
     uint64_t chunk = std::min<uint64_t>(bytes - done, rdma::mlx5::kMaxMessageBytes);
     rdma::HostWorkRequest wr;
-    wr.op = rdma::HostOp::Write;
-    wr.laddr = static_cast<uintptr_t>(from.addr + srcOffset + done);
-    wr.lkey = from.lkey;
-    wr.raddr = static_cast<uintptr_t>(to.addr + dstOffset + done);
-    wr.rkey = to.rkey;
+    wr.op = op;
+    wr.laddr = static_cast<uintptr_t>(laddr + done);
+    wr.lkey = lkey;
+    wr.raddr = static_cast<uintptr_t>(raddr + done);
+    wr.rkey = rkey;
     wr.bytes = static_cast<size_t>(chunk);
     Post(wr, Pending{wr.op, chunk, wr.raddr, nullptr}, deadline);
     done += chunk;
@@ -407,19 +412,7 @@ void RdmaConnection::Read(const RegisteredMemory& dst, uint64_t dstOffset, const
   CheckUsable();
   const RdmaRegistration& to = LocalRegistration(dst, dstOffset, bytes, "Read destination");
   const RdmaRegistration& from = RemoteRegistration(src, srcOffset, bytes, "Read source");
-  Deadline deadline = Deadline::Default();
-  for (uint64_t done = 0; done < bytes;) {
-    uint64_t chunk = std::min<uint64_t>(bytes - done, rdma::mlx5::kMaxMessageBytes);
-    rdma::HostWorkRequest wr;
-    wr.op = rdma::HostOp::Read;
-    wr.laddr = static_cast<uintptr_t>(to.addr + dstOffset + done);
-    wr.lkey = to.lkey;
-    wr.raddr = static_cast<uintptr_t>(from.addr + srcOffset + done);
-    wr.rkey = from.rkey;
-    wr.bytes = static_cast<size_t>(chunk);
-    Post(wr, Pending{wr.op, chunk, wr.raddr, nullptr}, deadline);
-    done += chunk;
-  }
+  PostTransfer(rdma::HostOp::Read, to.addr + dstOffset, to.lkey, from.addr + srcOffset, from.rkey, bytes);
 }
 
 void RdmaConnection::AtomicFetchAdd(const RegisteredMemory& dst, uint64_t dstOffset, uint64_t value, uint64_t* result) {

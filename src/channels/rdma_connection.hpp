@@ -75,6 +75,8 @@ class RdmaConnection : public Connection {
   void PostAtomic(rdma::HostOp op, const RegisteredMemory& dst, uint64_t dstOffset, uint64_t swapAdd, uint64_t compare,
                   uint64_t* result);
   // Posts one work request (wrId and signaling chosen here), waiting for room in the send queue first.
+  // A Write or Read of [laddr, + bytes) <-> [raddr, + bytes), in requests of at most the NIC's message size.
+  void PostTransfer(rdma::HostOp op, uint64_t laddr, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint64_t bytes);
   void Post(rdma::HostWorkRequest wr, const Pending& what, const Deadline& deadline);
   void WaitForRoom(const Deadline& deadline);
   // Takes the completions available now; false when there were none.
