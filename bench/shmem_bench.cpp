@@ -21,6 +21,7 @@
 #include "mori/core/kernel.hpp"
 #include "mori/shmem/shmem_api.hpp"
 #include "mori/shmem/shmem_device_api.hpp"
+#include "mori_bench_util.hpp"
 #include "shmem_bench_common.hpp"
 
 namespace mori::shmem {
@@ -84,16 +85,7 @@ MORI_GLOBAL void MORI_LAUNCH_BOUNDS(1024)
 
 class Bench {
  public:
-  explicit Bench(const bench::Options& o) : opts_(o), me_(ShmemMyPe()) {
-    MORI_CHECK_GPU(core::GpuStreamCreate(&stream_));
-    MORI_CHECK_GPU(core::GpuEventCreate(&start_));
-    MORI_CHECK_GPU(core::GpuEventCreate(&stop_));
-  }
-  ~Bench() {
-    (void)core::GpuEventDestroy(stop_);
-    (void)core::GpuEventDestroy(start_);
-    (void)core::GpuStreamDestroy(stream_);
-  }
+  explicit Bench(const bench::Options& o) : opts_(o), me_(ShmemMyPe()) {}
   Bench(const Bench&) = delete;
   Bench& operator=(const Bench&) = delete;
 
@@ -108,34 +100,9 @@ class Bench {
   }
 
  private:
-  // The GPU work of this PE is done and every PE got here.
-  void Barrier() {
-    MORI_CHECK_GPU(core::GpuStreamSynchronize(stream_));
-    ShmemBarrierAll();
-  }
-
-  // Milliseconds between events recorded around what `launch` enqueues on the stream.
-  template <typename Launch>
-  double TimeMs(Launch&& launch) {
-    MORI_CHECK_GPU(core::GpuEventRecord(start_, stream_));
-    launch();
-    MORI_CHECK_GPU(core::GpuGetLastError());
-    MORI_CHECK_GPU(core::GpuEventRecord(stop_, stream_));
-    MORI_CHECK_GPU(core::GpuEventSynchronize(stop_));
-    MORI_CHECK_GPU(core::GpuStreamSynchronize(stream_));  // a kernel that trapped fails here, before it is reported
-    float ms = 0;
-    MORI_CHECK_GPU(core::GpuEventElapsedTime(&ms, start_, stop_));
-    return ms;
-  }
-
   template <typename T>
   T* Alloc(size_t bytes, bool zero) {
-    void* p = zero ? ShmemCalloc(1, bytes) : ShmemMalloc(bytes);
-    MORI_CHECK(p != nullptr, core::ErrorCode::InvalidUsage,
-               "the symmetric heap (%zu bytes) cannot hold %zu more bytes: raise MORI_SHMEM_HEAP_SIZE (put_bw needs "
-               "2 x --max)",
-               ShmemHeapBytes(), bytes);
-    return static_cast<T*>(p);
+    return bench::SymmetricAlloc<T>(bytes, zero, " (put_bw needs 2 x --max)");
   }
 
   // Compares [0, bytes) of `p` with the pattern of `pe`.
@@ -159,19 +126,19 @@ class Bench {
       const int iters = bench::PutBwIters(opts_, kMachine, size);
       const int warmup = bench::WarmupIters(opts_, iters);
       for (unsigned blocks : opts_.blocks) {
-        if (me_ == 1) MORI_CHECK_GPU(core::GpuMemsetAsync(dst, 0, size, stream_));
-        Barrier();
+        if (me_ == 1) MORI_CHECK_GPU(core::GpuMemsetAsync(dst, 0, size, timer_.Stream()));
+        timer_.Barrier();
         if (me_ == 0) {
           auto launch = [&](int n) {
-            core::LaunchKernel(PutBwKernel, Dim3(blocks), Dim3(opts_.threads), 0, stream_, dst,
+            core::LaunchKernel(PutBwKernel, Dim3(blocks), Dim3(opts_.threads), 0, timer_.Stream(), dst,
                                static_cast<const uint8_t*>(src), size, n, 1);
           };
-          if (warmup > 0) TimeMs([&] { launch(warmup); });
-          double ms = TimeMs([&] { launch(iters); });
+          if (warmup > 0) timer_.TimeMs([&] { launch(warmup); });
+          double ms = timer_.TimeMs([&] { launch(iters); });
           double gbps = static_cast<double>(size) * iters / (ms * 1e-3) / 1e9;
           report_.Add(bench::kPutBw, size, blocks, iters, gbps, "GBps");
         }
-        Barrier();
+        timer_.Barrier();
         if (me_ == 1) Check(("put_bw blocks=" + std::to_string(blocks)).c_str(), dst, size, pattern, 0);
       }
     }
@@ -180,7 +147,7 @@ class Bench {
                                          " threads per block, to PE 1 over " +
                                          TransportTypeName(ShmemTransportType(1)));
     }
-    Barrier();
+    timer_.Barrier();
     ShmemFree(dst);
     ShmemFree(src);
   }
@@ -189,8 +156,8 @@ class Bench {
   // seq: both PEs count alike, so a flag word never needs a reset). Returns PE 0's milliseconds.
   template <typename Launch>
   double PingPong(uint64_t& seq, int iters, Launch&& launch) {
-    Barrier();
-    double ms = TimeMs([&] { launch(seq, iters); });
+    timer_.Barrier();
+    double ms = timer_.TimeMs([&] { launch(seq, iters); });
     seq += static_cast<uint64_t>(iters);
     return me_ == 0 ? ms : 0;
   }
@@ -200,7 +167,7 @@ class Bench {
     const int iters = bench::LatencyIters(opts_, kMachine, sizeof(uint64_t));
     const int warmup = bench::WarmupIters(opts_, iters);
     auto launch = [&](uint64_t base, int n) {
-      core::LaunchKernel(PingPongKernel, Dim3(1), Dim3(1), 0, stream_, flag, base, n, me_);
+      core::LaunchKernel(PingPongKernel, Dim3(1), Dim3(1), 0, timer_.Stream(), flag, base, n, me_);
     };
     uint64_t seq = 0;
     if (warmup > 0) PingPong(seq, warmup, launch);
@@ -213,7 +180,7 @@ class Bench {
       ++failures_;
     }
     if (me_ == 0) report_.Add(bench::kPLatency, sizeof(uint64_t), 1, iters, ms * 1e3 / iters / 2, "us");
-    Barrier();
+    timer_.Barrier();
     ShmemFree(flag);
   }
 
@@ -231,10 +198,10 @@ class Bench {
       const int iters = bench::LatencyIters(opts_, kMachine, size);
       const int warmup = bench::WarmupIters(opts_, iters);
       for (int blockScope : {0, 1}) {
-        MORI_CHECK_GPU(core::GpuMemsetAsync(buf, 0, size, stream_));
+        MORI_CHECK_GPU(core::GpuMemsetAsync(buf, 0, size, timer_.Stream()));
         const unsigned threads = blockScope ? opts_.signalThreads : 1;
         auto launch = [&](uint64_t base, int n) {
-          core::LaunchKernel(SignalPingPongKernel, Dim3(1), Dim3(threads), 0, stream_, blockScope, buf,
+          core::LaunchKernel(SignalPingPongKernel, Dim3(1), Dim3(threads), 0, timer_.Stream(), blockScope, buf,
                              static_cast<const uint8_t*>(src), size, sig, base, n, me_);
         };
         if (warmup > 0) PingPong(seq, warmup, launch);
@@ -246,7 +213,7 @@ class Bench {
         }
       }
     }
-    Barrier();
+    timer_.Barrier();
     ShmemFree(sig);
     ShmemFree(src);
     ShmemFree(buf);
@@ -254,8 +221,7 @@ class Bench {
 
   bench::Options opts_;
   int me_;
-  core::GpuStream stream_{};
-  core::GpuEvent start_{}, stop_{};
+  bench::StreamTimer timer_;
   bench::Report report_{"mori"};
   int failures_ = 0;
 };

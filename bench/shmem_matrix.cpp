@@ -17,6 +17,7 @@
 #include "mori/core/kernel.hpp"
 #include "mori/shmem/shmem_api.hpp"
 #include "mori/shmem/shmem_device_api.hpp"
+#include "mori_bench_util.hpp"
 #include "shmem_bench_common.hpp"
 
 namespace mori::shmem {
@@ -113,11 +114,8 @@ uint8_t PairByte(int from, int to, size_t k) {
 class Matrix {
  public:
   explicit Matrix(const MatrixOptions& o) : o_(o), me_(ShmemMyPe()), n_(ShmemNPes()) {
-    MORI_CHECK_GPU(core::GpuStreamCreate(&stream_));
-    MORI_CHECK_GPU(core::GpuEventCreate(&start_));
-    MORI_CHECK_GPU(core::GpuEventCreate(&stop_));
-    src_ = Alloc<uint8_t>(o.size);
-    dst_ = Alloc<uint8_t>(o.size);
+    src_ = bench::SymmetricAlloc<uint8_t>(o.size, false);
+    dst_ = bench::SymmetricAlloc<uint8_t>(o.size, false);
     flag_ = static_cast<uint64_t*>(ShmemCalloc(1, sizeof(uint64_t)));
     table_ = static_cast<uint64_t*>(ShmemCalloc(static_cast<size_t>(2 * n_ * n_), sizeof(uint64_t)));
     MORI_CHECK(flag_ != nullptr && table_ != nullptr, core::ErrorCode::InvalidUsage, "the heap is full");
@@ -127,9 +125,6 @@ class Matrix {
     ShmemFree(flag_);
     ShmemFree(dst_);
     ShmemFree(src_);
-    (void)core::GpuEventDestroy(stop_);
-    (void)core::GpuEventDestroy(start_);
-    (void)core::GpuStreamDestroy(stream_);
   }
   Matrix(const Matrix&) = delete;
   Matrix& operator=(const Matrix&) = delete;
@@ -140,7 +135,7 @@ class Matrix {
         if (from != to) Pair(from, to);
       }
     }
-    Barrier();
+    timer_.Barrier();
     if (me_ != 0) return failures_;
     std::vector<uint64_t> bits(static_cast<size_t>(2 * n_ * n_));
     MORI_CHECK_GPU(core::GpuMemcpy(bits.data(), table_, bits.size() * sizeof(uint64_t)));
@@ -155,38 +150,11 @@ class Matrix {
   }
 
  private:
-  template <typename T>
-  T* Alloc(size_t bytes) {
-    void* p = ShmemMalloc(bytes);
-    MORI_CHECK(p != nullptr, core::ErrorCode::InvalidUsage,
-               "the symmetric heap (%zu bytes) cannot hold %zu more bytes: raise MORI_SHMEM_HEAP_SIZE", ShmemHeapBytes(),
-               bytes);
-    return static_cast<T*>(p);
-  }
-
-  void Barrier() {
-    MORI_CHECK_GPU(core::GpuStreamSynchronize(stream_));
-    ShmemBarrierAll();
-  }
-
-  template <typename Launch>
-  double TimeMs(Launch&& launch) {
-    MORI_CHECK_GPU(core::GpuEventRecord(start_, stream_));
-    launch();
-    MORI_CHECK_GPU(core::GpuGetLastError());
-    MORI_CHECK_GPU(core::GpuEventRecord(stop_, stream_));
-    MORI_CHECK_GPU(core::GpuEventSynchronize(stop_));
-    MORI_CHECK_GPU(core::GpuStreamSynchronize(stream_));
-    float ms = 0;
-    MORI_CHECK_GPU(core::GpuEventElapsedTime(&ms, start_, stop_));
-    return ms;
-  }
-
   void Report(size_t index, double value) {
     uint64_t bits = 0;
     std::memcpy(&bits, &value, sizeof(bits));
-    core::LaunchKernel(ReportKernel, Dim3(1), Dim3(1), 0, stream_, table_, index, bits);
-    MORI_CHECK_GPU(core::GpuStreamSynchronize(stream_));
+    core::LaunchKernel(ReportKernel, Dim3(1), Dim3(1), 0, timer_.Stream(), table_, index, bits);
+    MORI_CHECK_GPU(core::GpuStreamSynchronize(timer_.Stream()));
   }
 
   void Pair(int from, int to) {
@@ -197,18 +165,18 @@ class Matrix {
       for (size_t k = 0; k < o_.size; ++k) bytes[k] = PairByte(from, to, k);
       MORI_CHECK_GPU(core::GpuMemcpy(src_, bytes.data(), o_.size));
     }
-    if (me_ == to) MORI_CHECK_GPU(core::GpuMemsetAsync(dst_, 0, o_.size, stream_));
-    Barrier();
+    if (me_ == to) MORI_CHECK_GPU(core::GpuMemsetAsync(dst_, 0, o_.size, timer_.Stream()));
+    timer_.Barrier();
     if (me_ == from) {
       auto launch = [&](int iters) {
-        core::LaunchKernel(PairPutKernel, Dim3(o_.blocks), Dim3(o_.threads), 0, stream_, dst_,
+        core::LaunchKernel(PairPutKernel, Dim3(o_.blocks), Dim3(o_.threads), 0, timer_.Stream(), dst_,
                            static_cast<const uint8_t*>(src_), o_.size, iters, to);
       };
-      TimeMs([&] { launch(1); });
-      double ms = TimeMs([&] { launch(o_.iters); });
+      timer_.TimeMs([&] { launch(1); });
+      double ms = timer_.TimeMs([&] { launch(o_.iters); });
       Report(cell, static_cast<double>(o_.size) * o_.iters / (ms * 1e-3) / 1e9);
     }
-    Barrier();
+    timer_.Barrier();
     if (me_ == to) {
       std::vector<uint8_t> got(o_.size);
       MORI_CHECK_GPU(core::GpuMemcpy(got.data(), dst_, o_.size));
@@ -224,18 +192,18 @@ class Matrix {
     // Latency: both PEs of the pair count the same values, so the flag never needs a reset.
     if (me_ == from || me_ == to) {
       auto launch = [&](int iters) {
-        core::LaunchKernel(PairPingPongKernel, Dim3(1), Dim3(1), 0, stream_, flag_, seq_, iters, from, to);
+        core::LaunchKernel(PairPingPongKernel, Dim3(1), Dim3(1), 0, timer_.Stream(), flag_, seq_, iters, from, to);
         seq_ += static_cast<uint64_t>(iters);
       };
-      Barrier();
-      TimeMs([&] { launch(o_.ppIters / 10 + 1); });
-      double ms = TimeMs([&] { launch(o_.ppIters); });
+      timer_.Barrier();
+      timer_.TimeMs([&] { launch(o_.ppIters / 10 + 1); });
+      double ms = timer_.TimeMs([&] { launch(o_.ppIters); });
       if (me_ == from) Report(static_cast<size_t>(n_ * n_) + cell, ms * 1e3 / o_.ppIters / 2);
     } else {
       seq_ += static_cast<uint64_t>(o_.ppIters / 10 + 1 + o_.ppIters);
-      Barrier();
+      timer_.Barrier();
     }
-    Barrier();
+    timer_.Barrier();
   }
 
   void Print(const std::string& title, const double* v, const char* fmt) const {
@@ -277,8 +245,7 @@ class Matrix {
   MatrixOptions o_;
   int me_;
   int n_;
-  core::GpuStream stream_{};
-  core::GpuEvent start_{}, stop_{};
+  bench::StreamTimer timer_;
   uint8_t* src_ = nullptr;
   uint8_t* dst_ = nullptr;
   uint64_t* flag_ = nullptr;
