@@ -8,11 +8,6 @@
 //   ./bidir_port_channel <ip_port> <rank> <gpu_id> <transport> [--max-bytes SIZE] [--iters N]
 //       one rank of a pair that may span two machines; <ip_port> is rank 0's bootstrap address, as ip:port or
 //       interface:ip:port
-#include <netinet/in.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -21,7 +16,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "mori/core/bootstrap.hpp"
@@ -33,6 +27,7 @@
 #include "mori/core/kernel.hpp"
 #include "mori/core/port_channel.hpp"
 #include "mori/core/proxy.hpp"
+#include "two_ranks.hpp"
 
 namespace core = mori::core;
 
@@ -204,67 +199,16 @@ void ParseFlags(int argc, char** argv, int first, Options* o, bool transportAllo
   }
 }
 
-// A loopback port free now (bound, then released for rank 0's bootstrap to take).
-int FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  MORI_CHECK_SYS(fd);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  bool bound = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-               getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  close(fd);
-  MORI_CHECK(bound, core::ErrorCode::System, "no free loopback port for the bootstrap");
-  return ntohs(addr.sin_port);
-}
-
-// Forks the two ranks (the GPU runtime starts in the children only) and waits for them, bounded.
+// Forks the two ranks and waits for them, bounded (each wait inside a rank is bounded by MORI_TIMEOUT_S).
 int RunForked(const Options& o) {
-  const std::string root = "127.0.0.1:" + std::to_string(FreeLoopbackPort());
-  pid_t pids[2] = {-1, -1};
-  for (int rank = 0; rank < 2; ++rank) {
-    pid_t pid = fork();
-    MORI_CHECK_SYS(pid);
-    if (pid == 0) {
-      int code = 1;
-      try {
+  const std::string root = "127.0.0.1:" + std::to_string(mori_example::FreeLoopbackPort());
+  return mori_example::RunTwoRanksForked(
+      [&](int rank) {
         int gpus = 0;
         MORI_CHECK_GPU(core::GpuGetDeviceCount(&gpus));
-        code = RunRank(rank, root, rank % gpus, o, true) ? 0 : 1;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
-      }
-      std::fflush(stdout);
-      std::fflush(stderr);
-      _exit(code);
-    }
-    pids[rank] = pid;
-  }
-  // Each wait inside the ranks is bounded by MORI_TIMEOUT_S; this bounds the whole run beyond that.
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(static_cast<int>(core::TimeoutSeconds()) * 3);
-  int failed = 0;
-  for (int rank = 0; rank < 2; ++rank) {
-    int status = 0;
-    for (;;) {
-      pid_t r = waitpid(pids[rank], &status, WNOHANG);
-      if (r == pids[rank]) break;
-      if (std::chrono::steady_clock::now() > deadline) {
-        std::fprintf(stderr, "rank %d did not finish within %d s; stopping it\n", rank,
-                     static_cast<int>(core::TimeoutSeconds()) * 3);
-        kill(pids[rank], SIGKILL);
-        waitpid(pids[rank], &status, 0);
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      std::fprintf(stderr, "rank %d failed (%s %d)\n", rank, WIFEXITED(status) ? "exit code" : "signal",
-                   WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-      ++failed;
-    }
-  }
-  return failed == 0 ? 0 : 1;
+        return RunRank(rank, root, rank % gpus, o, true) ? 0 : 1;
+      },
+      static_cast<int>(core::TimeoutSeconds()) * 3);
 }
 
 }  // namespace

@@ -8,11 +8,7 @@
 //   ./multi_channel_tcp <ip:port> <rank> [channels] [--bytes 64m] [--bench]   one rank of two, across hosts
 // --bench: GB/s for 1, 2 and 4 channels. MORI_SOCKET_IFNAME names the interfaces to bind (round-robin).
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <sched.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,7 +17,6 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "mori/core/bootstrap.hpp"
@@ -31,6 +26,7 @@
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
+#include "two_ranks.hpp"
 
 namespace mc = mori::core;
 
@@ -127,65 +123,15 @@ int RunRank(const Options& o, int rank, const std::string& root) {
   }
 }
 
-int FreeLoopbackPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  int port = 0;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-    port = ntohs(a.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  return port != 0 ? port : 29000 + getpid() % 1000;
-}
-
-// Forks the two ranks (`setup(rank)` runs first in each child) and waits for both, bounded.
+// Forks the two ranks (`setup(rank, options)` runs first in each child) and waits for both, bounded.
 template <typename F>
 int ForkPair(const Options& o, const std::string& root, F&& setup) {
-  pid_t pids[2];
-  for (int rank = 0; rank < 2; ++rank) {
-    pids[rank] = fork();
-    if (pids[rank] < 0) {
-      std::perror("fork");
-      return 1;
-    }
-    if (pids[rank] == 0) {
-      Options mine = o;
-      if (!setup(rank, mine)) _exit(1);
-      _exit(RunRank(mine, rank, root));
-    }
-  }
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(static_cast<int>(mc::TimeoutSeconds()) + 120);
-  int failed = 0;
-  int left = 2;
-  while (left > 0) {
-    int status = 0;
-    pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      --left;
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        std::fprintf(stderr, "rank %d ended with %s %d\n", pid == pids[0] ? 0 : 1,
-                     WIFEXITED(status) ? "exit code" : "signal",
-                     WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-        failed = 1;
-      }
-      continue;
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      std::fprintf(stderr, "the ranks did not finish in time; killing them\n");
-      kill(pids[0], SIGKILL);
-      kill(pids[1], SIGKILL);
-      while (waitpid(-1, &status, 0) > 0) {
-      }
-      return 1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return failed;
+  return mori_example::RunTwoRanksForked(
+      [&](int rank) {
+        Options mine = o;
+        return setup(rank, mine) ? RunRank(mine, rank, root) : 1;
+      },
+      static_cast<int>(mc::TimeoutSeconds()) + 120);
 }
 
 int Sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()); }
@@ -292,5 +238,11 @@ int main(int argc, char** argv) {
   if (!o.root.empty()) return RunRank(o, o.rank, o.root);
   if (o.netns) return RunInNamespaces(o);
   // No GPU call before fork: a GPU context does not survive it.
-  return ForkPair(o, "127.0.0.1:" + std::to_string(FreeLoopbackPort()), [](int, Options&) { return true; });
+  try {
+    return ForkPair(o, "127.0.0.1:" + std::to_string(mori_example::FreeLoopbackPort()),
+                    [](int, Options&) { return true; });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
 }
