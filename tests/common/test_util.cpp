@@ -127,6 +127,8 @@ int FreeTcpPort() {
   return ntohs(addr.sin_port);
 }
 
+std::string LoopbackRoot() { return "127.0.0.1:" + std::to_string(FreeTcpPort()); }
+
 int ProbeGpuCount() {
   auto outcome = RunProcesses(
       1,

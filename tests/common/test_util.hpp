@@ -52,6 +52,9 @@ uint64_t RacyLoad64(const void* word);
 // A free TCP port on loopback (bound and released; good enough for tests).
 int FreeTcpPort();
 
+// A bootstrap root address on loopback at a free port ("127.0.0.1:PORT").
+std::string LoopbackRoot();
+
 // Number of GPUs, probed in a child process so that this process does not initialise the GPU runtime
 // before it forks (a CUDA context does not survive fork()).
 int ProbeGpuCount();

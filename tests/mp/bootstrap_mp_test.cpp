@@ -25,7 +25,7 @@ using test::FillPattern;
 using test::FirstPatternMismatch;
 using test::RunProcesses;
 
-std::string LoopbackRoot() { return "127.0.0.1:" + std::to_string(test::FreeTcpPort()); }
+using test::LoopbackRoot;
 
 // Runs `expectFn` and checks that it throws a mori::core::Error whose message contains `needle`.
 template <typename Fn>

@@ -23,7 +23,7 @@ namespace {
 using test::FillPattern;
 using test::FirstPatternMismatch;
 
-std::string LoopbackRoot() { return "127.0.0.1:" + std::to_string(test::FreeTcpPort()); }
+using test::LoopbackRoot;
 
 EndpointConfig Config(Transport t) {
   EndpointConfig c;

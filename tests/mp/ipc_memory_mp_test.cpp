@@ -26,7 +26,7 @@ namespace {
 using test::FirstPatternMismatch;
 using test::PatternByte;
 
-std::string LoopbackRoot() { return "127.0.0.1:" + std::to_string(test::FreeTcpPort()); }
+using test::LoopbackRoot;
 
 // Writes the pattern of (rank, seed) into dst, grid-stride: a kernel storing into another process's memory.
 MORI_GLOBAL void WritePattern(uint8_t* dst, size_t bytes, int rank, uint32_t seed) {

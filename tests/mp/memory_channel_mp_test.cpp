@@ -253,7 +253,7 @@ std::unique_ptr<End> Open(int rank, const std::string& root, size_t bytes, int n
   return e;
 }
 
-std::string LoopbackRoot() { return "127.0.0.1:" + std::to_string(test::FreeTcpPort()); }
+using test::LoopbackRoot;
 
 std::vector<uint8_t> Pattern(size_t bytes, int rank, uint32_t seed) {
   std::vector<uint8_t> v(bytes);

@@ -32,7 +32,7 @@ EndpointConfig Config(Transport t) {
   return c;
 }
 
-std::string LoopbackRoot() { return "127.0.0.1:" + std::to_string(test::FreeTcpPort()); }
+using test::LoopbackRoot;
 
 void SelectGpu(int rank) {
   int n = 0;

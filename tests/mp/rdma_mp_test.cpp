@@ -146,7 +146,7 @@ int ExchangeAndVerify(core::Bootstrap& b) {
   return 0;
 }
 
-std::string LoopbackRoot() { return "127.0.0.1:" + std::to_string(test::FreeTcpPort()); }
+using test::LoopbackRoot;
 
 class RdmaAcrossProcesses : public ::testing::Test {
  protected:

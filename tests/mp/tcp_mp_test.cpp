@@ -42,7 +42,7 @@
 namespace mori::core::tcp {
 namespace {
 
-std::string LoopbackRoot() { return "127.0.0.1:" + std::to_string(test::FreeTcpPort()); }
+using test::LoopbackRoot;
 
 TcpLinkOptions Options(int channels, int window = 16, uint64_t chunk = 512 << 10,
                        std::vector<std::string> ifnames = {"lo"}) {
