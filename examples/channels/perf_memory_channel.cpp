@@ -91,14 +91,6 @@ std::vector<uint8_t> Expected(uint64_t bufferBytes, uint64_t bytes, int rank, bo
   return v;
 }
 
-std::vector<uint64_t> Sizes(uint64_t maxBytes) {
-  std::vector<uint64_t> sizes;
-  for (uint64_t s : {uint64_t{1} << 10, uint64_t{1} << 20, maxBytes}) {
-    if (s <= maxBytes && (sizes.empty() || s > sizes.back())) sizes.push_back(s);
-  }
-  return sizes;
-}
-
 int ItersFor(uint64_t bytes, const Options& o) {
   if (o.iters > 0) return o.iters;
   if (MORI_BACKEND_HOST) return bytes >= (uint64_t{1} << 20) ? 10 : 100;
@@ -159,7 +151,7 @@ bool RunRank(int rank, const std::string& root, int gpu, const Options& o) {
   std::fflush(stdout);
 
   bool ok = true;
-  for (uint64_t bytes : Sizes(o.maxBytes)) {
+  for (uint64_t bytes : mori_example::Sizes(o.maxBytes)) {
     if (!ok) break;
     const std::vector<uint8_t> before = Expected(bufferBytes, bytes, rank, false);
     MORI_CHECK_GPU(core::GpuMemcpy(buffer.Data(), before.data(), bufferBytes));

@@ -1,5 +1,6 @@
 // What the channel examples share: their default run forks the two ranks on this machine (the GPU runtime
-// starts in the children only: a GPU context does not survive fork) and waits for both, bounded.
+// starts in the children only: a GPU context does not survive fork) and waits for both, bounded; and the
+// message sizes they measure.
 #pragma once
 
 #include <arpa/inet.h>
@@ -10,14 +11,25 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <functional>
 #include <thread>
+#include <vector>
 
 #include "mori/core/errors.hpp"
 
 namespace mori_example {
+
+// 1 KiB, 1 MiB and `maxBytes`, those not above it.
+inline std::vector<uint64_t> Sizes(uint64_t maxBytes) {
+  std::vector<uint64_t> sizes;
+  for (uint64_t s : {uint64_t{1} << 10, uint64_t{1} << 20, maxBytes}) {
+    if (s <= maxBytes && (sizes.empty() || s > sizes.back())) sizes.push_back(s);
+  }
+  return sizes;
+}
 
 // A loopback port free now (bound, read back, released for rank 0's bootstrap to take).
 inline int FreeLoopbackPort() {
