@@ -138,6 +138,22 @@ MORI_HOST_DEVICE_INLINE T AtomicFetchOr(T* p, T v) {
 #endif
 }
 
+// Raises *p to v if it is below; returns the value before.
+template <MemoryOrder O = MemoryOrder::AcqRel, Scope S = Scope::System, typename T>
+MORI_HOST_DEVICE_INLINE T AtomicFetchMax(T* p, T v) {
+  static_assert(atomic_detail::kAtomicSize<T> && std::is_integral_v<T>, "fetch-max needs a 4- or 8-byte integer");
+#if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE
+  return atomic_detail::Ref<S>(p).fetch_max(v, atomic_detail::CudaOrder<O>());
+#elif MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
+  return __hip_atomic_fetch_max(p, v, atomic_detail::GccOrder<O>(), atomic_detail::HipScope<S>());
+#else
+  T seen = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (seen < v && !__atomic_compare_exchange_n(p, &seen, v, true, atomic_detail::GccOrder<O>(), __ATOMIC_RELAXED)) {
+  }
+  return seen;
+#endif
+}
+
 template <MemoryOrder O = MemoryOrder::AcqRel, Scope S = Scope::System, typename T>
 MORI_HOST_DEVICE_INLINE T AtomicExchange(T* p, T v) {
   static_assert(atomic_detail::kAtomicSize<T>, "atomics need a 4- or 8-byte trivially copyable type");

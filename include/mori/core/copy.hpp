@@ -23,16 +23,49 @@ struct alignas(16) Vec16 {
 #endif
 
 #if MORI_DEVICE_API_AVAILABLE
+// Thread `rank` of `n` copies vectors rank, rank + n, ... of `count`: four loads in flight before the stores
+// (one vector per thread at a time leaves NVLink idle), then one at a time. `Index` is 32-bit where the count
+// allows: half the instructions of 64-bit indices, which matters when every thread of a block runs the loop
+// control for a short copy.
+template <typename Index>
+MORI_DEVICE_INLINE void CopyVectors(Vec16* dv, const Vec16* sv, Index count, Index rank, Index n) {
+  Index i = rank;
+  for (; i + 3 * n < count; i += 4 * n) {
+    Vec16 v0 = sv[i], v1 = sv[i + n], v2 = sv[i + 2 * n], v3 = sv[i + 3 * n];
+    dv[i] = v0;
+    dv[i + n] = v1;
+    dv[i + 2 * n] = v2;
+    dv[i + 3 * n] = v3;
+  }
+  for (; i < count; i += n) dv[i] = sv[i];
+}
+
 // Thread `rank` of `n` copies its share of [src, src + bytes) to dst; the copy is whole once all n did.
 MORI_DEVICE_INLINE void CopyCooperative(void* dst, const void* src, size_t bytes, size_t rank, size_t n) {
   auto* d = static_cast<uint8_t*>(dst);
   const auto* sp = static_cast<const uint8_t*>(src);
+  // Both ends 16-byte aligned and whole vectors (symmetric buffers, most messages): one vector loop. The
+  // bound keeps i + 3n of 32-bit indices from wrapping.
+  const uintptr_t all = reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(sp) | bytes;
+  if ((all & 15) == 0 && bytes < (size_t(1) << 35) && n <= (1u << 20)) {
+    CopyVectors<uint32_t>(reinterpret_cast<Vec16*>(d), reinterpret_cast<const Vec16*>(sp),
+                          static_cast<uint32_t>(bytes >> 4), static_cast<uint32_t>(rank), static_cast<uint32_t>(n));
+    return;
+  }
+  // Short messages of whole 8-byte words (a signal-sized payload, a few values): one word loop.
+  if ((all & 7) == 0 && bytes <= 256 && n <= (1u << 20)) {
+    auto* dw = reinterpret_cast<uint64_t*>(d);
+    const auto* sw = reinterpret_cast<const uint64_t*>(sp);
+    for (uint32_t i = static_cast<uint32_t>(rank); i < static_cast<uint32_t>(bytes >> 3); i += static_cast<uint32_t>(n)) {
+      dw[i] = sw[i];
+    }
+    return;
+  }
   const uintptr_t mis = reinterpret_cast<uintptr_t>(d) ^ reinterpret_cast<uintptr_t>(sp);
   size_t done = 0;
   if ((mis & 7) == 0) {
     // Same alignment mod 8: bytes up to an 8-byte boundary, one word to a 16-byte boundary when both agree
-    // mod 16, then 16-byte vectors (four loads in flight before the stores: one vector per thread at a time
-    // leaves NVLink idle), then words, then the last bytes.
+    // mod 16, then 16-byte vectors, then words, then the last bytes.
     size_t head = (8 - (reinterpret_cast<uintptr_t>(d) & 7)) & 7;
     if (head > bytes) head = bytes;
     for (size_t i = rank; i < head; i += n) d[i] = sp[i];
@@ -43,17 +76,8 @@ MORI_DEVICE_INLINE void CopyCooperative(void* dst, const void* src, size_t bytes
         done += 8;
       }
       const size_t vecs = (bytes - done) / 16;
-      auto* dv = reinterpret_cast<Vec16*>(d + done);
-      const auto* sv = reinterpret_cast<const Vec16*>(sp + done);
-      size_t i = rank;
-      for (; i + 3 * n < vecs; i += 4 * n) {
-        Vec16 v0 = sv[i], v1 = sv[i + n], v2 = sv[i + 2 * n], v3 = sv[i + 3 * n];
-        dv[i] = v0;
-        dv[i + n] = v1;
-        dv[i + 2 * n] = v2;
-        dv[i + 3 * n] = v3;
-      }
-      for (; i < vecs; i += n) dv[i] = sv[i];
+      CopyVectors<size_t>(reinterpret_cast<Vec16*>(d + done), reinterpret_cast<const Vec16*>(sp + done), vecs, rank,
+                          n);
       done += vecs * 16;
     }
     const size_t words = (bytes - done) / 8;

@@ -46,12 +46,31 @@
 #define MORI_HOST_DEVICE_INLINE inline
 #endif
 
+// A device function kept out of line: the cold paths of the device API (failure reports, the RDMA and Proxy
+// transports) are called, not inlined, so a kernel that only uses P2P keeps few registers and no stack frame
+// on its hot path. Header-defined like every device function (inline linkage, no -rdc needed).
+#if MORI_GPU_COMPILER
+#define MORI_DEVICE_NOINLINE __device__ __noinline__ inline
+#define MORI_HOST_DEVICE_NOINLINE __host__ __device__ __noinline__ inline
+#else
+#define MORI_DEVICE_NOINLINE inline __attribute__((noinline))
+#define MORI_HOST_DEVICE_NOINLINE inline __attribute__((noinline))
+#endif
+
+// Branch hints for the checks on hot paths: the failing side is laid out of the way.
+#define MORI_LIKELY(...) __builtin_expect(!!(__VA_ARGS__), 1)
+#define MORI_UNLIKELY(...) __builtin_expect(!!(__VA_ARGS__), 0)
+
 // The most threads per block a kernel is ever launched with, so the compiler fits its registers to it. On
 // NVIDIA GPUs a kernel that calls the SHMEM device API uses more than 64 registers per thread unless told:
 // launches beyond 512 threads per block then fail with "too many resources requested for launch".
 //   MORI_GLOBAL void MORI_LAUNCH_BOUNDS(1024) MyKernel(...)
+// One resident block per SM is asked for, which lets the compiler use every register that block size
+// allows: with the bound alone, ptxas may aim for two blocks per SM and cap a kernel that makes calls at 32
+// registers, spilling its loop state to local memory (measured on shmem_bench's put loop: 84 bytes of
+// spills, every iteration reloading them).
 #if MORI_GPU_COMPILER
-#define MORI_LAUNCH_BOUNDS(maxThreadsPerBlock) __launch_bounds__(maxThreadsPerBlock)
+#define MORI_LAUNCH_BOUNDS(maxThreadsPerBlock) __launch_bounds__(maxThreadsPerBlock, 1)
 #else
 #define MORI_LAUNCH_BOUNDS(maxThreadsPerBlock)
 #endif

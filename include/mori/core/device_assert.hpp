@@ -87,12 +87,13 @@ class SpinDeadline {
 #endif
 
 // Checks `cond` in device (or host) code; on failure prints the location, the condition and a printf-style
-// message (say which rank, peer, address or queue), then traps.
-#define MORI_DEVICE_ASSERT(cond, fmt, ...)                                                                \
-  do {                                                                                                    \
-    if (!(cond)) {                                                                                        \
-      MORI_DEVICE_ERROR_PRINTF("[mori device] %s:%d: check `%s` failed: " fmt "\n", __FILE__, __LINE__, #cond, \
-                         ##__VA_ARGS__);                                                                  \
-      ::mori::core::DeviceTrap();                                                                               \
-    }                                                                                                     \
+// message (say which rank, peer, address or queue), then traps. The check is one branch predicted not taken;
+// the report sits on the cold side (its printf arguments go to the stack frame only when it fails).
+#define MORI_DEVICE_ASSERT(cond, fmt, ...)                                                                         \
+  do {                                                                                                             \
+    if (MORI_UNLIKELY(!(cond))) {                                                                                  \
+      MORI_DEVICE_ERROR_PRINTF("[mori device] %s:%d: check `%s` failed: " fmt "\n", __FILE__, __LINE__, #cond,     \
+                               ##__VA_ARGS__);                                                                     \
+      ::mori::core::DeviceTrap();                                                                                  \
+    }                                                                                                              \
   } while (0)
