@@ -22,6 +22,10 @@ namespace {
 constexpr size_t kTailOffset = 0;
 constexpr size_t kFailedOffset = 64;
 constexpr size_t kControlBytes = 128;
+// head and tailSeen in one device allocation, on separate 128-byte lines: every push adds to the head, and
+// reads tailSeen.
+constexpr size_t kTailSeenOffset = 128;
+constexpr size_t kCountersBytes = 256;
 
 bool IsPowerOfTwo(uint32_t x) { return x != 0 && (x & (x - 1)) == 0; }
 
@@ -61,10 +65,10 @@ Fifo::Fifo(uint32_t size, double timeoutSeconds) : impl_(std::make_unique<Impl>(
   std::memset(m.control.Data(), 0, m.control.Bytes());
 
   void* head = nullptr;
-  MORI_CHECK_GPU(GpuMalloc(&head, sizeof(uint64_t)));
+  MORI_CHECK_GPU(GpuMalloc(&head, kCountersBytes));
   m.head = static_cast<uint64_t*>(head);
   try {
-    ZeroDeviceMemory(m.head, sizeof(uint64_t));
+    ZeroDeviceMemory(m.head, kCountersBytes);
 #if MORI_BACKEND_GPU
     MORI_CHECK_GPU(GpuStreamCreate(&m.stream));
 #endif
@@ -141,6 +145,7 @@ FifoDeviceHandle Fifo::DeviceHandle() const {
   FifoDeviceHandle h{};
   h.triggers = m.Triggers();
   h.head = m.head;
+  h.tailSeen = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(m.head) + kTailSeenOffset);
   h.tail = m.Tail();
   h.proxyFailed = m.Failed();
   h.size = m.size;

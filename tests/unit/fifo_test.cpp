@@ -209,12 +209,18 @@ MORI_HOST_DEVICE_INLINE uint64_t CheckWord(uint64_t fst) {
   return (fst * 0x9E3779B97F4A7C15ull ^ 0x1234567ull) & ~kTriggerLapBit;
 }
 
+// Both orders of push take turns in the producer kernels: a payload-only push writes its slot without the
+// release fence, and must arrive as whole and in as good order as the other.
+MORI_HOST_DEVICE_INLINE FifoOrder OrderOf(uint32_t seq) {
+  return seq % 3 == 1 ? FifoOrder::PayloadOnly : FifoOrder::AfterWrites;
+}
+
 // Each thread pushes (thread, sequence) triggers; every `syncEvery`-th push waits until the proxy popped it.
 MORI_GLOBAL void PushKernel(FifoDeviceHandle fifo, uint32_t perThread, uint32_t syncEvery) {
   uint64_t tid = GlobalThreadIdx();
   for (uint32_t seq = 0; seq < perThread; ++seq) {
     uint64_t fst = tid << 32 | seq;
-    uint64_t slot = fifo.Push(ProxyTrigger{fst, CheckWord(fst)});
+    uint64_t slot = fifo.Push(ProxyTrigger{fst, CheckWord(fst)}, OrderOf(seq));
     if (syncEvery != 0 && (seq + 1) % syncEvery == 0) fifo.Sync(slot);
   }
 }
@@ -229,7 +235,7 @@ MORI_GLOBAL void MultiPushKernel(FifoDeviceHandle fifo, uint32_t perThread) {
       uint64_t fst = tid << 32 | uint64_t{seq} << 8 | k << 4 | n;
       items[k] = ProxyTrigger{fst, CheckWord(fst)};
     }
-    fifo.Push(items, n);
+    fifo.Push(items, n, OrderOf(seq));
   }
 }
 

@@ -68,7 +68,9 @@ struct PortChannelDeviceHandle {
       bool last = chunk == bytes;
       // Only the last piece carries the signal and the flush, so they follow the whole put.
       uint32_t t = last ? type : (type & kTriggerData);
-      slot = fifo.Push(EncodePortRequest(PortRequest{t, semaphoreId, dst, src, dstOffset, srcOffset, chunk}));
+      // A flush alone names no data; a put does, and a signal tells the peer that data is there.
+      slot = fifo.Push(EncodePortRequest(PortRequest{t, semaphoreId, dst, src, dstOffset, srcOffset, chunk}),
+                       t == kTriggerFlush ? FifoOrder::PayloadOnly : FifoOrder::AfterWrites);
       dstOffset += chunk;
       srcOffset += chunk;
       bytes -= chunk;
