@@ -356,6 +356,19 @@ void Runtime::BuildDeviceState() {
   state_.barrierSeq = reinterpret_cast<uint64_t*>(base + l.barrierSeq);
   deviceLocalRegions_ = reinterpret_cast<ShmemLocalRegion*>(base + l.localRegions);
   state_.localRegions = deviceLocalRegions_;
+  // The inline window of mapped bases: all mapped PEs when they fit in one window, else the window around
+  // this PE.
+  int lo = rank_, hi = rank_;
+  for (int pe = 0; pe < nPes_; ++pe) {
+    if (peerBases_[static_cast<size_t>(pe)] == 0) continue;
+    lo = std::min(lo, pe);
+    hi = std::max(hi, pe);
+  }
+  constexpr int kWindow = static_cast<int>(kShmemMappedWindow);
+  if (hi - lo + 1 > kWindow) lo = std::clamp(rank_ - kWindow / 2, 0, std::max(0, nPes_ - kWindow));
+  state_.mappedFirst = lo;
+  state_.mappedCount = static_cast<uint32_t>(std::min(kWindow, nPes_ - lo));
+  for (uint32_t i = 0; i < state_.mappedCount; ++i) state_.mappedWindow[i] = peerBases_[static_cast<size_t>(lo) + i];
   if (proxy_) {
     state_.proxyFifo = proxy_->FifoHandle();
     state_.proxyResults = proxyScratch_.DataAs<uint64_t>();

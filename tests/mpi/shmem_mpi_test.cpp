@@ -7,10 +7,12 @@
 
 #include <dirent.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../common/test_util.hpp"
@@ -207,6 +209,82 @@ TEST(ShmemTest, PutEveryVariantOddSizesUnalignedOffsets) {
       ShmemFree(src);
       ShmemFree(dst);
     }
+  }
+}
+
+// A warp or block call begins with a barrier of its group, so words its threads stored just before the call,
+// without a barrier of their own, are what travels. Round r of unit u (a warp or a block) fills its slice of
+// src[r] one word per thread and puts it at once (and, for every other unit, with put-with-signal).
+constexpr int kGroupRounds = 4;
+
+MORI_HOST_DEVICE_INLINE uint64_t GroupWord(int sender, int round, size_t index) {
+  return (uint64_t(sender + 1) << 56) ^ (uint64_t(round + 1) << 40) ^ (index * 0x9E3779B1ull) ^ 0x0123456789ull;
+}
+
+MORI_GLOBAL void GroupJustWroteKernel(int blockScope, uint64_t* dst, uint64_t* src, uint64_t* sig, int pe) {
+  const int me = ShmemMyPe();
+  const unsigned groupSize = blockScope ? core::FlatBlockDim() : MORI_WARP_SIZE;
+  const unsigned rank = blockScope ? core::FlatThreadIdx() : core::LaneId();
+  const size_t unit = blockScope ? core::FlatBlockIdx() : core::GlobalThreadIdx() / MORI_WARP_SIZE;
+  const size_t units = blockScope ? core::FlatGridDim() : core::GlobalThreadCount() / MORI_WARP_SIZE;
+  for (int r = 0; r < kGroupRounds; ++r) {
+    const size_t base = (static_cast<size_t>(r) * units + unit) * groupSize;
+    // A plain store, no barrier before the call; in reverse, so that the thread that copies a word is not
+    // the one that wrote it.
+    const size_t mine = base + (groupSize - 1 - rank);
+    src[mine] = GroupWord(me, r, mine);
+    const size_t bytes = groupSize * sizeof(uint64_t);
+    if (unit % 2 == 0) {
+      if (blockScope) {
+        ShmemPutMemNbiBlock(dst + base, src + base, bytes, pe);
+      } else {
+        ShmemPutMemNbiWarp(dst + base, src + base, bytes, pe);
+      }
+    } else if (blockScope) {
+      ShmemPutMemNbiSignalBlock(dst + base, src + base, bytes, sig, 1, SignalOp::Add, pe);
+    } else {
+      ShmemPutMemNbiSignalWarp(dst + base, src + base, bytes, sig, 1, SignalOp::Add, pe);
+    }
+  }
+  ShmemQuietThread();
+}
+
+TEST(ShmemTest, GroupCallsSendWhatTheGroupJustWrote) {
+  const unsigned tpb = ThreadsPerBlock();
+  for (int blockScope : {0, 1}) {
+    const size_t words = size_t{kGroupRounds} * kBlocks * tpb;
+    const size_t bytes = (words + 8) * sizeof(uint64_t);  // 8 guard words after the payload
+    auto* dst = reinterpret_cast<uint64_t*>(GuardedBuffer(bytes));
+    auto* src = static_cast<uint64_t*>(ShmemCalloc(words, sizeof(uint64_t)));
+    auto* sig = static_cast<uint64_t*>(ShmemCalloc(1, sizeof(uint64_t)));
+    ASSERT_TRUE(dst && src && sig);
+    ShmemBarrierAll();
+    core::LaunchKernel(GroupJustWroteKernel, Dim3(kBlocks), Dim3(tpb), 0, nullptr, blockScope, dst, src, sig,
+                       (Me() + 1) % N());
+    MORI_CHECK_KERNEL();
+    ShmemBarrierAll();
+    const int left = (Me() + N() - 1) % N();
+    std::vector<uint64_t> got(words + 8);
+    ASSERT_EQ(core::GpuMemcpy(got.data(), dst, bytes), core::kGpuSuccess);
+    const size_t groupSize = blockScope ? tpb : MORI_WARP_SIZE;
+    const size_t units = blockScope ? kBlocks : kBlocks * tpb / MORI_WARP_SIZE;
+    size_t bad = 0, first = SIZE_MAX;
+    for (size_t i = 0; i < words; ++i) {
+      const int round = static_cast<int>(i / (units * groupSize));
+      if (got[i] != GroupWord(left, round, i) && bad++ == 0) first = i;
+    }
+    EXPECT_EQ(bad, 0u) << (blockScope ? "block" : "warp") << " scope: " << bad << " words not what PE " << left
+                       << " wrote just before its call; first at word " << first;
+    uint64_t guard = 0;
+    std::memset(&guard, kGuard, sizeof(guard));
+    for (size_t i = words; i < words + 8; ++i) EXPECT_EQ(got[i], guard) << "guard word " << i << " was touched";
+    uint64_t signals = 0;
+    ASSERT_EQ(core::GpuMemcpy(&signals, sig, sizeof(signals)), core::kGpuSuccess);
+    EXPECT_EQ(signals, uint64_t{kGroupRounds} * (units / 2)) << "one signal per put-with-signal of the left PE";
+    ShmemBarrierAll();
+    ShmemFree(sig);
+    ShmemFree(src);
+    ShmemFree(dst);
   }
 }
 
@@ -457,10 +535,41 @@ MORI_GLOBAL void AtomicKernel(T* counters, T* tickets, int iters, uint32_t* erro
   ShmemQuietThread();
 }
 
+// Threads per block and iterations of the atomics tests; MORI_TEST_ATOMICS="threads,iters" overrides them (to
+// measure how the time scales with contention).
+// On a GPU whose atomics go through a NIC or the proxy (any PE reached over RDMA or Proxy), every atomic is a
+// round trip through the emulated NIC or a proxy connection, which executes an atomic on GPU memory with
+// synchronous copies (tens of microseconds), and the compare-swap increments retry once per competing thread:
+// the work grows with the square of the threads. Measured on an H100 (2 PEs under MPS, rdma, 5 iterations):
+// 4 / 8 / 16 / 32 threads per block took 2 / 3 / 4 / 8 s (uint64) and 3 / 5 / 7 / 14 s (int32); 32 threads and
+// 50 iterations did not finish in 150 s; through the proxy over the emulated NIC (one request at a time),
+// 8 threads and 10 iterations of the four tests took 263 s. There the test keeps every kind of contention
+// (lanes of a warp, two blocks, every PE on one word) at 4 threads per block and 5 iterations.
+bool AtomicsThroughNicOrProxy() {
+  for (int pe = 0; pe < N(); ++pe) {
+    TransportType t = ShmemTransportType(pe);
+    if (t == TransportType::RDMA || t == TransportType::Proxy) return true;
+  }
+  return false;
+}
+
+std::pair<unsigned, int> AtomicsShape() {
+  unsigned tpb = MORI_BACKEND_HOST ? 3 : AtomicsThroughNicOrProxy() ? 4 : 32;
+  int iters = MORI_BACKEND_HOST ? 20 : AtomicsThroughNicOrProxy() ? 5 : 50;
+  if (const char* v = std::getenv("MORI_TEST_ATOMICS")) {
+    unsigned t = 0;
+    int i = 0;
+    if (std::sscanf(v, "%u,%d", &t, &i) == 2 && t > 0 && i > 0) {
+      tpb = t;
+      iters = i;
+    }
+  }
+  return {tpb, iters};
+}
+
 template <typename T>
 void RunAtomics() {
-  const unsigned tpb = MORI_BACKEND_HOST ? 3 : 32;
-  const int iters = MORI_BACKEND_HOST ? 20 : 50;
+  const auto [tpb, iters] = AtomicsShape();
   const size_t total = static_cast<size_t>(N()) * kBlocks * tpb * static_cast<size_t>(iters);
   T* counters = static_cast<T*>(ShmemMalloc(8 * sizeof(T)));
   T* tickets = static_cast<T*>(ShmemCalloc(total, sizeof(T)));

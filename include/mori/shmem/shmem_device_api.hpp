@@ -17,8 +17,19 @@
 namespace mori::shmem {
 namespace detail {
 
-// Set or add `value` at `offset` in pe's heap, ordered after this thread's earlier puts to pe.
-MORI_DEVICE_INLINE void SignalAt(const ShmemDeviceState& s, int pe, uint64_t offset, uint64_t value, SignalOp op) {
+// Each call below has two parts: an inline hot path for PEs reached by loads and stores (Self, P2P: the
+// checks, one cached load of the mapped base, the copy, the signal) and an out-of-line part for the RDMA
+// and Proxy transports. A kernel that only talks over P2P thus carries neither their code nor their register
+// pressure in its loops; one that uses them pays a call per operation, small beside posting a WQE or a
+// request.
+
+// Set or add `value` at `offset` in pe's heap, ordered after this thread's earlier puts to pe (and, after a
+// group barrier, after the group's: a system-scope release is cumulative).
+MORI_DEVICE_NOINLINE void SignalRemote(int pe, uint64_t offset, uint64_t value, SignalOp op) {
+  const ShmemDeviceState& s = State();
+  // Data this thread's group stored into a mapped peer is visible before the NIC or the proxy can write the
+  // signal (a doorbell or a FIFO entry is not ordered with those stores by itself).
+  SystemFence();
   if (ViaProxy(s)) {
     // Data sent through this PE's own QPs is not ordered with the proxy's connection: complete it first.
     if (TransportOf(s, pe) == TransportType::RDMA) QuietPe(s, pe);
@@ -41,105 +52,137 @@ MORI_DEVICE_INLINE void SignalAt(const ShmemDeviceState& s, int pe, uint64_t off
   }
 }
 
+MORI_DEVICE_INLINE void SignalAt(const ShmemDeviceState& s, int pe, uint64_t offset, uint64_t value, SignalOp op) {
+  if (MORI_LIKELY(AtomicsByStores(s))) {
+    uint64_t* sig = PeerAddress<uint64_t>(s, pe, offset);
+    if (op == SignalOp::Set) {
+      core::AtomicStore<MemoryOrder::Release, Scope::System>(sig, value);
+    } else {
+      core::AtomicFetchAdd<MemoryOrder::Release, Scope::System>(sig, value);
+    }
+    return;
+  }
+  SignalRemote(pe, offset, value, op);
+}
+
 enum class Direction { Put, Get };
 
+// The RDMA and Proxy part of Transfer.
+template <Group G, Direction D>
+MORI_DEVICE_NOINLINE void TransferRemote(const char* op, void* dst, const void* src, size_t bytes, int pe,
+                                         uint64_t offset, bool wait) {
+  const ShmemDeviceState& s = State();
+  if (TransportOf(s, pe) == TransportType::RDMA) {
+    if constexpr (G == Group::Thread && D == Direction::Put) {
+      if (!wait) {
+        RdmaPutAggregated(s, op, pe, offset, src, bytes);
+        return;
+      }
+    }
+    GroupSync<G>();  // the whole group's source data is written before the NIC is told to read it
+    if (GroupRank<G>() == 0) {
+      uint32_t slot = D == Direction::Put ? RdmaPut(s, op, pe, offset, src, bytes, wait)
+                                          : RdmaGet(s, op, pe, dst, offset, bytes, wait);
+      if (wait) WaitSlot(s, QueueFor(s, pe), pe, slot);
+    }
+    GroupSync<G>();
+    return;
+  }
+  // Proxy: every thread's part of the source is written before the proxy reads it.
+  if constexpr (D == Direction::Put && G != Group::Thread) SystemFence();
+  GroupSync<G>();
+  if (GroupRank<G>() == 0) {
+    ProxyTransfer(s, op, D == Direction::Put ? ProxyOp::Put : ProxyOp::Get, pe, offset,
+                  D == Direction::Put ? src : static_cast<const void*>(dst), bytes, wait);
+  }
+  GroupSync<G>();
+}
+
 // Copies [src, src + bytes) to dst, where dst (Put) or src (Get) is a symmetric address on pe and the other
-// one local. With `wait` it returns once the transfer is complete (blocking forms); otherwise at quiet.
+// one local. With `wait` it returns once the transfer is complete (blocking forms); otherwise at quiet. A
+// warp or block starts with a group barrier, so data any of its threads wrote before the call is what travels
+// (a put) and what it read before is not overwritten early (a get).
 template <Group G, Direction D>
 MORI_DEVICE_INLINE void Transfer(const char* op, void* dst, const void* src, size_t bytes, int pe, bool wait) {
-  const ShmemDeviceState& s = Checked(op);
+  const ShmemDeviceState& s = State();
   uint64_t offset = TargetOffset(s, op, pe, D == Direction::Put ? static_cast<const void*>(dst) : src, bytes);
   if (bytes == 0) return;
-  switch (TransportOf(s, pe)) {
-    case TransportType::Self:
-    case TransportType::P2P:
-      if constexpr (D == Direction::Put) {
-        GroupCopy<G>(PeerAddress<uint8_t>(s, pe, offset), src, bytes);
-      } else {
-        GroupCopy<G>(dst, PeerAddress<uint8_t>(s, pe, offset), bytes);
-        GroupSync<G>();  // the whole group's part has landed when any thread returns
-      }
-      break;
-    case TransportType::RDMA:
-      if constexpr (G == Group::Thread && D == Direction::Put) {
-        if (!wait) {
-          RdmaPutAggregated(s, op, pe, offset, src, bytes);
-          break;
-        }
-      }
-      GroupSync<G>();  // the whole group's source data is written before the NIC is told to read it
-      if (GroupRank<G>() == 0) {
-        uint32_t slot = D == Direction::Put ? RdmaPut(s, op, pe, offset, src, bytes, wait)
-                                            : RdmaGet(s, op, pe, dst, offset, bytes, wait);
-        if (wait) WaitSlot(s, QueueFor(s, pe), pe, slot);
-      }
-      GroupSync<G>();
-      break;
-    case TransportType::Proxy:
-      // Every thread's part of the source is written before the proxy reads it.
-      if constexpr (D == Direction::Put && G != Group::Thread) SystemFence();
-      GroupSync<G>();
-      if (GroupRank<G>() == 0) {
-        ProxyTransfer(s, op, D == Direction::Put ? ProxyOp::Put : ProxyOp::Get, pe, offset,
-                      D == Direction::Put ? src : static_cast<const void*>(dst), bytes, wait);
-      }
-      GroupSync<G>();
-      break;
+  const uintptr_t mapped = MappedBase(s, pe);
+  if (MORI_LIKELY(mapped != 0)) {
+    GroupSync<G>();
+    if constexpr (D == Direction::Put) {
+      GroupCopy<G>(reinterpret_cast<void*>(mapped + offset), src, bytes);
+      if (wait) GroupSync<G>();  // blocking: the group's whole source has been read when any thread returns
+    } else {
+      GroupCopy<G>(dst, reinterpret_cast<const void*>(mapped + offset), bytes);
+      GroupSync<G>();  // the whole group's part has landed when any thread returns
+    }
+    return;
   }
+  TransferRemote<G, D>(op, dst, src, bytes, pe, offset, wait);
+}
+
+// The RDMA and Proxy part of PutSignalNbi.
+template <Group G>
+MORI_DEVICE_NOINLINE void PutSignalRemote(const char* op, const void* source, size_t bytes, uint64_t offset,
+                                          uint64_t sigOffset, uint64_t sigVal, SignalOp sigOp, int pe) {
+  const ShmemDeviceState& s = State();
+  if (TransportOf(s, pe) == TransportType::RDMA) {
+    GroupSync<G>();
+    if (GroupRank<G>() == 0) {
+      // Same QP for data and signal: RC executes them in order, so the signal cannot pass the data.
+      if (bytes > 0) RdmaPut(s, op, pe, offset, source, bytes, false);
+      SignalAt(s, pe, sigOffset, sigVal, sigOp);
+    }
+    GroupSync<G>();
+    return;
+  }
+  if constexpr (G != Group::Thread) SystemFence();
+  GroupSync<G>();
+  if (GroupRank<G>() == 0) {
+    // One request: the proxy issues the signal after the data on the same connection, which orders it.
+    if (bytes > 0) {
+      MORI_DEVICE_ASSERT(ProxyReachable(s, source, bytes),
+                         "mori shmem: %s on PE %d (pe %d): source %p (%llu bytes) is neither in the symmetric "
+                         "heap nor registered with ShmemBufferRegister, so the proxy cannot read it",
+                         op, s.rank, pe, source, static_cast<unsigned long long>(bytes));
+    }
+    core::ProxyTrigger r[3] = {ProxyHead(ProxyOp::PutSignal, 3, pe, bytes, static_cast<uint32_t>(sigOp)),
+                               ProxyPayload(reinterpret_cast<uintptr_t>(source), offset),
+                               ProxyPayload(sigVal, sigOffset)};
+    ProxyPush(s, r, 3);
+  }
+  GroupSync<G>();
 }
 
 template <Group G>
 MORI_DEVICE_INLINE void PutSignalNbi(const char* op, void* dest, const void* source, size_t bytes, uint64_t* sigAddr,
                                      uint64_t sigVal, SignalOp sigOp, int pe) {
-  const ShmemDeviceState& s = Checked(op);
-  uint64_t offset = TargetOffset(s, op, pe, dest, bytes);
-  uint64_t sigOffset = HeapOffset(s, op, pe, sigAddr, sizeof(uint64_t));
-  switch (TransportOf(s, pe)) {
-    case TransportType::Self:
-    case TransportType::P2P:
-      GroupCopy<G>(PeerAddress<uint8_t>(s, pe, offset), source, bytes);
-      // Every thread's part of the data is visible before the signal can be. A single thread needs no fence
-      // of its own: the signal's system-scope release (or the NIC doorbell's) orders its earlier stores.
-      if constexpr (G != Group::Thread) SystemFence();
-      GroupSync<G>();
-      if (GroupRank<G>() == 0) SignalAt(s, pe, sigOffset, sigVal, sigOp);
-      GroupSync<G>();
-      break;
-    case TransportType::RDMA:
-      GroupSync<G>();
-      if (GroupRank<G>() == 0) {
-        // Same QP for data and signal: RC executes them in order, so the signal cannot pass the data.
-        if (bytes > 0) RdmaPut(s, op, pe, offset, source, bytes, false);
-        SignalAt(s, pe, sigOffset, sigVal, sigOp);
-      }
-      GroupSync<G>();
-      break;
-    case TransportType::Proxy:
-      if constexpr (G != Group::Thread) SystemFence();
-      GroupSync<G>();
-      if (GroupRank<G>() == 0) {
-        // One request: the proxy issues the signal after the data on the same connection, which orders it.
-        if (bytes > 0) {
-          MORI_DEVICE_ASSERT(ProxyReachable(s, source, bytes),
-                             "mori shmem: %s on PE %d (pe %d): source %p (%llu bytes) is neither in the symmetric "
-                             "heap nor registered with ShmemBufferRegister, so the proxy cannot read it",
-                             op, s.rank, pe, source, static_cast<unsigned long long>(bytes));
-        }
-        core::ProxyTrigger r[3] = {ProxyHead(ProxyOp::PutSignal, 3, pe, bytes, static_cast<uint32_t>(sigOp)),
-                                   ProxyPayload(reinterpret_cast<uintptr_t>(source), offset),
-                                   ProxyPayload(sigVal, sigOffset)};
-        ProxyPush(s, r, 3);
-      }
-      GroupSync<G>();
-      break;
+  const ShmemDeviceState& s = State();
+  uint64_t sigOffset = 0;
+  uint64_t offset = TargetOffsets(s, op, pe, dest, bytes, sigAddr, &sigOffset);
+  const uintptr_t mapped = MappedBase(s, pe);
+  if (MORI_LIKELY(mapped != 0)) {
+    GroupSync<G>();  // the group's source is written before any thread reads it
+    GroupCopy<G>(reinterpret_cast<void*>(mapped + offset), source, bytes);
+    // Every thread's part is stored before the leader signals: the barrier orders them before the leader's
+    // system-scope release (cumulative), so one fence in one thread covers the whole group. A single thread
+    // needs no barrier: the release orders its own stores.
+    GroupSync<G>();
+    if (GroupRank<G>() == 0) SignalAt(s, pe, sigOffset, sigVal, sigOp);
+    return;
   }
+  PutSignalRemote<G>(op, source, bytes, offset, sigOffset, sigVal, sigOp, pe);
 }
 
 template <typename T>
-MORI_DEVICE_INLINE void CheckAtomicTarget(const ShmemDeviceState& s, const char* op, int pe, const T* dest) {
-  MORI_DEVICE_ASSERT(reinterpret_cast<uintptr_t>(dest) % sizeof(T) == 0,
-                     "mori shmem: %s on PE %d (target pe %d): %p is not aligned to %u bytes", op, s.rank, pe,
-                     static_cast<const void*>(dest), static_cast<unsigned>(sizeof(T)));
+MORI_DEVICE_INLINE void CheckAtomicTarget([[maybe_unused]] const ShmemDeviceState& s, [[maybe_unused]] const char* op,
+                                          [[maybe_unused]] int pe, [[maybe_unused]] const T* dest) {
+  if constexpr (kDeviceChecks) {
+    MORI_DEVICE_ASSERT(reinterpret_cast<uintptr_t>(dest) % sizeof(T) == 0,
+                       "mori shmem: %s on PE %d (target pe %d): %p is not aligned to %u bytes", op, s.rank, pe,
+                       static_cast<const void*>(dest), static_cast<unsigned>(sizeof(T)));
+  }
 }
 
 // An 8-byte operation the NIC performs itself (fetch-add, compare-swap), used instead of the compare-swap
@@ -164,22 +207,30 @@ struct ProxyAmoArgs {
   bool fetch;
 };
 
-template <typename T, typename Local, typename Update>
-MORI_DEVICE_INLINE T AtomicOpImpl(const char* op, T* dest, int pe, ProxyAmoArgs viaProxy, Local local, Update update,
-                                  NicNative native = kNoNicNative) {
-  static_assert(kAtomicType<T>, "SHMEM atomics take int32_t, uint32_t, int64_t or uint64_t");
-  const ShmemDeviceState& s = Checked(op);
-  uint64_t offset = TargetOffset(s, op, pe, dest, sizeof(T));
-  CheckAtomicTarget(s, op, pe, dest);
+// The NIC and Proxy part of AtomicOpImpl (once any PE is reached over RDMA or the proxy, every atomic goes
+// that way: see AtomicsViaNic).
+template <typename T, typename Update>
+MORI_DEVICE_NOINLINE T AtomicRemote(int pe, uint64_t offset, ProxyAmoArgs viaProxy, Update update, NicNative native) {
+  const ShmemDeviceState& s = State();
   if (ViaProxy(s)) {
     return static_cast<T>(
         ProxyAtomic(s, pe, offset, viaProxy.amo, sizeof(T), viaProxy.value, viaProxy.compare, viaProxy.fetch));
   }
-  if (!AtomicsViaNic(s, pe)) return local(PeerAddress<T>(s, pe, offset));
   if (sizeof(T) == 8 && native.use) {
     return static_cast<T>(NicAtomic64(s, pe, offset, native.op, native.swapOrAdd, native.compare, native.fetch));
   }
   return NicReadModifyWrite<T>(s, pe, offset, update);
+}
+
+template <typename T, typename Local, typename Update>
+MORI_DEVICE_INLINE T AtomicOpImpl(const char* op, T* dest, int pe, ProxyAmoArgs viaProxy, Local local, Update update,
+                                  NicNative native = kNoNicNative) {
+  static_assert(kAtomicType<T>, "SHMEM atomics take int32_t, uint32_t, int64_t or uint64_t");
+  const ShmemDeviceState& s = State();
+  uint64_t offset = TargetOffset(s, op, pe, dest, sizeof(T));
+  CheckAtomicTarget(s, op, pe, dest);
+  if (MORI_LIKELY(AtomicsByStores(s))) return local(PeerAddress<T>(s, pe, offset));
+  return AtomicRemote<T>(pe, offset, viaProxy, update, native);
 }
 
 }  // namespace detail
@@ -226,25 +277,44 @@ MORI_SHMEM_PUT_FAMILY(Block, Block)
 
 // ---- single values ----
 
+namespace detail {
+
+// The RDMA and Proxy part of the single-value put: `bytes` (<= 16) of the value in two words.
+MORI_DEVICE_NOINLINE void PutValueRemote(const char* op, int pe, uint64_t offset, uint64_t lo, uint64_t hi,
+                                         uint32_t bytes) {
+  const ShmemDeviceState& s = State();
+  const uint64_t words[2] = {lo, hi};
+  if (TransportOf(s, pe) == TransportType::RDMA) {
+    RdmaPutAggregated(s, op, pe, offset, words, bytes);  // inline: the value travels in the WQE
+  } else {
+    ProxyPutInline(s, pe, offset, words, bytes);  // the value travels in the request
+  }
+}
+
+// The RDMA and Proxy part of the single-value get: `bytes` (<= 8) in the low bytes of the result.
+MORI_DEVICE_NOINLINE uint64_t GetValueRemote(int pe, uint64_t offset, uint32_t bytes) {
+  const ShmemDeviceState& s = State();
+  if (TransportOf(s, pe) == TransportType::RDMA) return NicReadSmall(s, pe, offset, bytes);
+  return ProxyGetSmall(s, pe, offset, bytes);
+}
+
+}  // namespace detail
+
 // The `p` of OpenSHMEM: stores `value` at dest on pe (complete at quiet).
 template <typename T>
 MORI_DEVICE_INLINE void ShmemPutTypeImmNbiThread(T* dest, T value, int pe) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 16, "single-value put takes a small plain value");
   const char* op = "ShmemPutTypeImmNbiThread";
-  const ShmemDeviceState& s = detail::Checked(op);
+  const ShmemDeviceState& s = detail::State();
   uint64_t offset = detail::TargetOffset(s, op, pe, dest, sizeof(T));
-  switch (detail::TransportOf(s, pe)) {
-    case TransportType::Self:
-    case TransportType::P2P:
-      *reinterpret_cast<volatile T*>(detail::PeerAddress<T>(s, pe, offset)) = value;
-      break;
-    case TransportType::RDMA:
-      detail::RdmaPutAggregated(s, op, pe, offset, &value, sizeof(T));  // inline: the value travels in the WQE
-      break;
-    case TransportType::Proxy:
-      detail::ProxyPutInline(s, pe, offset, &value, sizeof(T));  // the value travels in the request
-      break;
+  const uintptr_t mapped = detail::MappedBase(s, pe);
+  if (MORI_LIKELY(mapped != 0)) {
+    *reinterpret_cast<volatile T*>(mapped + offset) = value;
+    return;
   }
+  uint64_t words[2] = {0, 0};
+  memcpy(words, &value, sizeof(T));
+  detail::PutValueRemote(op, pe, offset, words[0], words[1], sizeof(T));
 }
 
 // The `g` of OpenSHMEM: the value at source on pe.
@@ -252,25 +322,13 @@ template <typename T>
 MORI_DEVICE_INLINE T ShmemGetTypeImmThread(const T* source, int pe) {
   static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 8, "single-value get takes a value of up to 8 bytes");
   const char* op = "ShmemGetTypeImmThread";
-  const ShmemDeviceState& s = detail::Checked(op);
+  const ShmemDeviceState& s = detail::State();
   uint64_t offset = detail::TargetOffset(s, op, pe, source, sizeof(T));
-  T out{};
-  switch (detail::TransportOf(s, pe)) {
-    case TransportType::Self:
-    case TransportType::P2P:
-      out = *reinterpret_cast<const volatile T*>(detail::PeerAddress<T>(s, pe, offset));
-      break;
-    case TransportType::RDMA: {
-      uint64_t word = detail::NicReadSmall(s, pe, offset, sizeof(T));
-      memcpy(&out, &word, sizeof(T));
-      break;
-    }
-    case TransportType::Proxy: {
-      uint64_t word = detail::ProxyGetSmall(s, pe, offset, sizeof(T));
-      memcpy(&out, &word, sizeof(T));
-      break;
-    }
-  }
+  const uintptr_t mapped = detail::MappedBase(s, pe);
+  if (MORI_LIKELY(mapped != 0)) return *reinterpret_cast<const volatile T*>(mapped + offset);
+  uint64_t word = detail::GetValueRemote(pe, offset, sizeof(T));
+  T out;
+  memcpy(&out, &word, sizeof(T));
   return out;
 }
 
@@ -278,7 +336,7 @@ MORI_DEVICE_INLINE T ShmemGetTypeImmThread(const T* source, int pe) {
 
 MORI_DEVICE_INLINE void ShmemSignalOpThread(uint64_t* sigAddr, uint64_t val, SignalOp op, int pe) {
   const char* name = "ShmemSignalOpThread";
-  const ShmemDeviceState& s = detail::Checked(name);
+  const ShmemDeviceState& s = detail::State();
   uint64_t offset = detail::TargetOffset(s, name, pe, sigAddr, sizeof(uint64_t));
   detail::SignalAt(s, pe, offset, val, op);
 }
@@ -314,7 +372,7 @@ MORI_DEVICE_INLINE T ShmemAtomicTypeFetchAddThread(T* dest, T value, int pe) {
       "ShmemAtomicTypeFetchAddThread", dest, pe,
       detail::ProxyAmoArgs{ProxyAmo::FetchAdd, static_cast<uint64_t>(value), 0, true},
       [&](T* p) { return core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::System>(p, value); },
-      [&](T old, T* next) {
+      [=](T old, T* next) {
         *next = static_cast<T>(old + value);
         return true;
       },
@@ -327,7 +385,7 @@ MORI_DEVICE_INLINE void ShmemAtomicTypeAddThread(T* dest, T value, int pe) {
   detail::AtomicOpImpl(
       "ShmemAtomicTypeAddThread", dest, pe, detail::ProxyAmoArgs{ProxyAmo::Add, static_cast<uint64_t>(value), 0, false},
       [&](T* p) { return core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::System>(p, value); },
-      [&](T old, T* next) {
+      [=](T old, T* next) {
         *next = static_cast<T>(old + value);
         return true;
       },
@@ -347,7 +405,7 @@ MORI_DEVICE_INLINE T ShmemAtomicTypeCompareSwapThread(T* dest, T cond, T value, 
       [&](T* p) {
         return core::AtomicCompareExchange<core::MemoryOrder::Relaxed, core::Scope::System>(p, cond, value);
       },
-      [&](T old, T* next) {
+      [=](T old, T* next) {
         *next = value;
         return old == cond;
       },
@@ -361,7 +419,7 @@ MORI_DEVICE_INLINE T ShmemAtomicTypeSwapThread(T* dest, T value, int pe) {
       "ShmemAtomicTypeSwapThread", dest, pe,
       detail::ProxyAmoArgs{ProxyAmo::Swap, static_cast<uint64_t>(value), 0, true},
       [&](T* p) { return core::AtomicExchange<core::MemoryOrder::Relaxed, core::Scope::System>(p, value); },
-      [&](T, T* next) {
+      [=](T, T* next) {
         *next = value;
         return true;
       });
@@ -372,7 +430,7 @@ MORI_DEVICE_INLINE T ShmemAtomicTypeFetchThread(const T* source, int pe) {
   return detail::AtomicOpImpl(
       "ShmemAtomicTypeFetchThread", const_cast<T*>(source), pe, detail::ProxyAmoArgs{ProxyAmo::Fetch, 0, 0, true},
       [&](T* p) { return core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::System>(p); },
-      [&](T, T*) { return false; });
+      [](T, T*) { return false; });
 }
 
 template <typename T>
@@ -383,7 +441,7 @@ MORI_DEVICE_INLINE void ShmemAtomicTypeSetThread(T* dest, T value, int pe) {
         core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::System>(p, value);
         return T{};
       },
-      [&](T, T* next) {
+      [=](T, T* next) {
         *next = value;
         return true;
       });
@@ -392,13 +450,21 @@ MORI_DEVICE_INLINE void ShmemAtomicTypeSetThread(T* dest, T value, int pe) {
 // ---- ordering ----
 
 // Every put, get and atomic this thread issued before is complete: visible at its target (and gets landed).
+namespace detail {
+// The RDMA and Proxy part of quiet: every QP's completions, then the proxy's.
+MORI_DEVICE_NOINLINE void QuietRemote() {
+  const ShmemDeviceState& s = State();
+  if (s.queues != nullptr) {
+    for (int pe = 0; pe < s.nPes; ++pe) QuietPe(s, pe);
+  }
+  if (ViaProxy(s)) ProxyQuiet(s, -1);
+}
+}  // namespace detail
+
 MORI_DEVICE_INLINE void ShmemQuietThread() {
   const ShmemDeviceState& s = detail::Checked("ShmemQuietThread");
   detail::SystemFence();
-  if (s.queues != nullptr) {
-    for (int pe = 0; pe < s.nPes; ++pe) detail::QuietPe(s, pe);
-  }
-  if (detail::ViaProxy(s)) detail::ProxyQuiet(s, -1);
+  if (MORI_UNLIKELY(s.queues != nullptr || detail::ViaProxy(s))) detail::QuietRemote();
 }
 
 MORI_DEVICE_INLINE void ShmemQuietThread(int pe) {
@@ -423,7 +489,7 @@ MORI_DEVICE_INLINE void ShmemFenceThread() {
 // ---- barrier ----
 
 // Completes this PE's operations, then waits until every PE has arrived. One thread per PE calls it.
-MORI_DEVICE_INLINE void ShmemBarrierAllThread() {
+MORI_DEVICE_NOINLINE void ShmemBarrierAllThread() {
   const ShmemDeviceState& s = detail::Checked("ShmemBarrierAllThread");
   ShmemQuietThread();
   uint64_t generation =

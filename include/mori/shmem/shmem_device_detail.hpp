@@ -47,42 +47,120 @@ MORI_DEVICE_INLINE void GroupSync() {
   if constexpr (G == Group::Block) core::SyncThreads();
 }
 
-MORI_DEVICE_INLINE const ShmemDeviceState& Checked(const char* op) {
+// The argument checks of every call (runtime initialised, PE in range, address range inside the heap,
+// alignment of atomics) cost a few compares and one predicted branch each. MORI_SHMEM_DEVICE_CHECKS=0 before
+// including the device API turns them off in that translation unit, for measuring what they cost and
+// nothing else: the default, and every build mori ships, keeps them. Bounded waits stay bounded either way.
+#ifndef MORI_SHMEM_DEVICE_CHECKS
+#define MORI_SHMEM_DEVICE_CHECKS 1
+#endif
+constexpr bool kDeviceChecks = MORI_SHMEM_DEVICE_CHECKS != 0;
+
+MORI_DEVICE_INLINE const ShmemDeviceState& Checked([[maybe_unused]] const char* op) {
   const ShmemDeviceState& s = State();
-  MORI_DEVICE_ASSERT(s.magic == kShmemStateMagic, "mori shmem: %s called before ShmemInit() or after ShmemFinalize()",
-                     op);
+  if constexpr (kDeviceChecks) {
+    MORI_DEVICE_ASSERT(s.magic == kShmemStateMagic,
+                       "mori shmem: %s called before ShmemInit() or after ShmemFinalize()", op);
+  }
   return s;
 }
 
-MORI_DEVICE_INLINE void CheckPe(const ShmemDeviceState& s, const char* op, int pe) {
-  MORI_DEVICE_ASSERT(pe >= 0 && pe < s.nPes, "mori shmem: %s on PE %d: target pe %d is not in [0, %d)", op, s.rank,
-                     pe, s.nPes);
+MORI_DEVICE_INLINE void CheckPe([[maybe_unused]] const ShmemDeviceState& s, [[maybe_unused]] const char* op,
+                                [[maybe_unused]] int pe) {
+  if constexpr (kDeviceChecks) {
+    // One unsigned compare covers pe < 0 too.
+    MORI_DEVICE_ASSERT(static_cast<uint32_t>(pe) < static_cast<uint32_t>(s.nPes),
+                       "mori shmem: %s on PE %d: target pe %d is not in [0, %d)", op, s.rank, pe, s.nPes);
+  }
 }
 
 // Offset of [addr, addr + bytes) in the heap; traps, naming PE, peer and address, when it is not inside the
 // user part of the symmetric heap.
-MORI_DEVICE_INLINE uint64_t HeapOffset(const ShmemDeviceState& s, const char* op, int pe, const void* addr,
-                                       size_t bytes) {
+MORI_DEVICE_INLINE uint64_t HeapOffset(const ShmemDeviceState& s, [[maybe_unused]] const char* op,
+                                       [[maybe_unused]] int pe, const void* addr, [[maybe_unused]] size_t bytes) {
   uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  bool inside = a >= s.heapBase + kShmemHeapUserOffset && bytes <= s.heapBytes && a - s.heapBase <= s.heapBytes - bytes;
-  MORI_DEVICE_ASSERT(inside,
-                     "mori shmem: %s on PE %d (target pe %d): %p + %llu bytes is not inside the symmetric heap "
-                     "[%p, %p)",
-                     op, s.rank, pe, addr, static_cast<unsigned long long>(bytes),
-                     reinterpret_cast<void*>(s.heapBase + kShmemHeapUserOffset),
-                     reinterpret_cast<void*>(s.heapBase + s.heapBytes));
+  if constexpr (kDeviceChecks) {
+    bool inside =
+        a >= s.heapBase + kShmemHeapUserOffset && bytes <= s.heapBytes && a - s.heapBase <= s.heapBytes - bytes;
+    MORI_DEVICE_ASSERT(inside,
+                       "mori shmem: %s on PE %d (target pe %d): %p + %llu bytes is not inside the symmetric heap "
+                       "[%p, %p)",
+                       op, s.rank, pe, addr, static_cast<unsigned long long>(bytes),
+                       reinterpret_cast<void*>(s.heapBase + kShmemHeapUserOffset),
+                       reinterpret_cast<void*>(s.heapBase + s.heapBytes));
+  }
   return a - s.heapBase;
 }
 
-// The checks every operation on a remote symmetric address makes: a PE in range, then the address range.
-MORI_DEVICE_INLINE uint64_t TargetOffset(const ShmemDeviceState& s, const char* op, int pe, const void* addr,
-                                         size_t bytes) {
+// Reports why [addr, addr + bytes) at pe failed TargetOffset's test, in the order a reader needs: runtime
+// not initialised, PE out of range, address range outside the heap. Out of line: the hot path only branches
+// here.
+[[noreturn]] MORI_DEVICE_NOINLINE void ReportBadTarget(const char* op, int pe, const void* addr, size_t bytes) {
+  const ShmemDeviceState& s = Checked(op);
   CheckPe(s, op, pe);
-  return HeapOffset(s, op, pe, addr, bytes);
+  HeapOffset(s, op, pe, addr, bytes);
+  MORI_DEVICE_ASSERT(false, "mori shmem: %s on PE %d: target check of pe %d, %p + %llu bytes failed", op, s.rank, pe,
+                     addr, static_cast<unsigned long long>(bytes));
 }
 
+// Whether [off, off + bytes) is inside the user part of the heap (off measured from the heap base), without
+// branches: with `&` rather than `&&` the compiler evaluates all of it and tests once.
+MORI_DEVICE_INLINE bool InHeap(const ShmemDeviceState& s, uint64_t off, size_t bytes) {
+  const uint64_t end = off + bytes;
+  return (off >= kShmemHeapUserOffset) & (end <= s.heapBytes) & (end >= off);
+}
+
+// The checks every operation on a remote symmetric address makes (the runtime is initialised, pe in range,
+// [addr, addr + bytes) inside the heap) as one predicted branch; returns the offset in the heap. A state that
+// is not initialised (never, or finalised) has no PEs, so the PE test catches it.
+MORI_DEVICE_INLINE uint64_t TargetOffset(const ShmemDeviceState& s, const char* op, int pe, const void* addr,
+                                         size_t bytes) {
+  const uint64_t off = reinterpret_cast<uintptr_t>(addr) - s.heapBase;
+  if constexpr (kDeviceChecks) {
+    const bool ok = (static_cast<uint32_t>(pe) < static_cast<uint32_t>(s.nPes)) & InHeap(s, off, bytes);
+    if (MORI_UNLIKELY(!ok)) ReportBadTarget(op, pe, addr, bytes);
+  } else {
+    (void)op;
+    (void)pe;
+    (void)bytes;
+  }
+  return off;
+}
+
+// TargetOffset of a data range and a signal word at the same pe, still one branch.
+MORI_DEVICE_INLINE uint64_t TargetOffsets(const ShmemDeviceState& s, const char* op, int pe, const void* addr,
+                                          size_t bytes, const uint64_t* sig, uint64_t* sigOffset) {
+  const uint64_t off = reinterpret_cast<uintptr_t>(addr) - s.heapBase;
+  *sigOffset = reinterpret_cast<uintptr_t>(sig) - s.heapBase;
+  if constexpr (kDeviceChecks) {
+    const bool ok = (static_cast<uint32_t>(pe) < static_cast<uint32_t>(s.nPes)) & InHeap(s, off, bytes) &
+                    InHeap(s, *sigOffset, sizeof(uint64_t));
+    if (MORI_UNLIKELY(!ok)) {
+      if (!InHeap(s, off, bytes) || static_cast<uint32_t>(pe) >= static_cast<uint32_t>(s.nPes)) {
+        ReportBadTarget(op, pe, addr, bytes);
+      }
+      ReportBadTarget(op, pe, sig, sizeof(uint64_t));
+    }
+  } else {
+    (void)op;
+    (void)pe;
+    (void)bytes;
+  }
+  return off;
+}
+
+// The per-PE tables (transports, mapped bases) are written once at ShmemInit, before any kernel may use
+// them, and freed at ShmemFinalize: read-only for every kernel in between.
 MORI_DEVICE_INLINE TransportType TransportOf(const ShmemDeviceState& s, int pe) {
-  return static_cast<TransportType>(s.transports[pe]);
+  return static_cast<TransportType>(core::LoadReadOnly(&s.transports[pe]));
+}
+
+// pe's heap mapped into this process when this thread reaches it by loads and stores (Self, P2P), else 0:
+// the one load the P2P hot path makes to find its target.
+MORI_DEVICE_INLINE uintptr_t MappedBase(const ShmemDeviceState& s, int pe) {
+  const uint32_t i = static_cast<uint32_t>(pe - s.mappedFirst);
+  if (MORI_LIKELY(i < s.mappedCount)) return s.mappedWindow[i];
+  return core::LoadReadOnly(&s.peerBases[pe]);
 }
 
 // ---- Self / P2P: the group copies with its own loads and stores ----
@@ -98,8 +176,12 @@ MORI_DEVICE_INLINE void SystemFence() { core::AtomicFence<MemoryOrder::SeqCst, S
 
 template <typename T>
 MORI_DEVICE_INLINE T* PeerAddress(const ShmemDeviceState& s, int pe, uint64_t offset) {
-  return reinterpret_cast<T*>(s.peerBases[pe] + offset);
+  return reinterpret_cast<T*>(MappedBase(s, pe) + offset);
 }
+
+// Whether every atomic and signal is a load/store-path atomic on a mapped address: no PE is reached over
+// RDMA (whose atomics would then have to go through the NIC too) and none through the proxy.
+MORI_DEVICE_INLINE bool AtomicsByStores(const ShmemDeviceState& s) { return (s.nicAtomics | s.proxyAtomics) == 0; }
 
 // ---- RDMA ----
 
@@ -345,9 +427,12 @@ MORI_DEVICE_INLINE bool ProxyReachable(const ShmemDeviceState& s, const void* p,
   return false;
 }
 
-MORI_DEVICE_INLINE uint64_t ProxyPush(const ShmemDeviceState& s, const core::ProxyTrigger* items, uint32_t n) {
+// Requests that name data (puts, gets) are pushed after this thread's earlier writes (a system-scope
+// release); self-contained ones (inline values, signals after their own fence, atomics, quiet) are not.
+MORI_DEVICE_INLINE uint64_t ProxyPush(const ShmemDeviceState& s, const core::ProxyTrigger* items, uint32_t n,
+                                      core::FifoOrder order = core::FifoOrder::AfterWrites) {
   core::FifoDeviceHandle fifo = s.proxyFifo;  // Push changes only what the handle points to
-  return fifo.Push(items, n);
+  return fifo.Push(items, n, order);
 }
 
 MORI_DEVICE_INLINE core::ProxyTrigger ProxyHead(ProxyOp op, uint32_t slots, int pe, uint64_t bytes, uint32_t sub = 0,
@@ -377,13 +462,13 @@ MORI_DEVICE_INLINE void ProxyPutInline(const ShmemDeviceState& s, int pe, uint64
   memcpy(words, value, bytes);
   core::ProxyTrigger r[3] = {ProxyHead(ProxyOp::PutInline, 3, pe, bytes), ProxyPayload(words[0], offset),
                              ProxyPayload(words[1], 0)};
-  ProxyPush(s, r, 3);
+  ProxyPush(s, r, 3, core::FifoOrder::PayloadOnly);
 }
 
 MORI_DEVICE_INLINE void ProxySignal(const ShmemDeviceState& s, int pe, uint64_t offset, uint64_t value, SignalOp op) {
   core::ProxyTrigger r[2] = {ProxyHead(ProxyOp::Signal, 2, pe, 0, static_cast<uint32_t>(op)),
                              ProxyPayload(value, offset)};
-  ProxyPush(s, r, 2);
+  ProxyPush(s, r, 2, core::FifoOrder::PayloadOnly);  // SignalRemote fenced the data before
 }
 
 // Pushes a request whose result the proxy leaves in a result word, waits until it is handled and returns
@@ -392,7 +477,7 @@ MORI_DEVICE_INLINE uint64_t ProxyFetch(const ShmemDeviceState& s, core::ProxyTri
   FetchSlot fs = AcquireFetchSlot(s);
   uint32_t idx = fs.ticket % kShmemFetchSlots;
   r[2].snd = idx;
-  s.proxyFifo.Sync(ProxyPush(s, r, 3));
+  s.proxyFifo.Sync(ProxyPush(s, r, 3, core::FifoOrder::PayloadOnly));
   uint64_t v = core::AtomicLoad<MemoryOrder::Acquire, Scope::System>(&s.proxyResults[idx]);
   ReleaseFetchSlot(s, fs);
   return v;
@@ -410,7 +495,7 @@ MORI_DEVICE_INLINE uint64_t ProxyAtomic(const ShmemDeviceState& s, int pe, uint6
   core::ProxyTrigger r[3] = {ProxyHead(ProxyOp::Atomic, 3, pe, 0, static_cast<uint32_t>(amo), width),
                              ProxyPayload(value, offset), ProxyPayload(compare, kProxyNoResult)};
   if (!fetch) {
-    ProxyPush(s, r, 3);
+    ProxyPush(s, r, 3, core::FifoOrder::PayloadOnly);
     return 0;
   }
   return ProxyFetch(s, r);
@@ -419,12 +504,12 @@ MORI_DEVICE_INLINE uint64_t ProxyAtomic(const ShmemDeviceState& s, int pe, uint6
 // Quiet of every PE (pe < 0) or one: returns once the proxy has completed everything pushed before.
 MORI_DEVICE_INLINE void ProxyQuiet(const ShmemDeviceState& s, int pe) {
   core::ProxyTrigger r = ProxyHead(ProxyOp::Quiet, 1, pe < 0 ? static_cast<int>(kProxyAllPes) : pe, 0);
-  s.proxyFifo.Sync(ProxyPush(s, &r, 1));
+  s.proxyFifo.Sync(ProxyPush(s, &r, 1, core::FifoOrder::PayloadOnly));
 }
 
 MORI_DEVICE_INLINE void ProxyFence(const ShmemDeviceState& s) {
   core::ProxyTrigger r = ProxyHead(ProxyOp::Fence, 1, static_cast<int>(kProxyAllPes), 0);
-  ProxyPush(s, &r, 1);
+  ProxyPush(s, &r, 1, core::FifoOrder::PayloadOnly);
 }
 
 // Whether atomics and signals to `pe` go through the NIC (RDMA peers, and everyone once any PE is reached

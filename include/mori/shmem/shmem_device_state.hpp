@@ -39,6 +39,9 @@ static_assert(kShmemFetchSlotsOffset + kShmemFetchSlots * 8 <= kShmemHeapUserOff
 
 constexpr uint32_t kShmemMaxLocalRegions = 32;
 
+// How many PEs' mapped heap bases the state carries inline (see ShmemDeviceState::mappedWindow).
+constexpr uint32_t kShmemMappedWindow = 64;
+
 struct ShmemDeviceState {
   uint32_t magic;
   int32_t rank;
@@ -64,6 +67,13 @@ struct ShmemDeviceState {
   uint64_t* proxyResults;            // [kShmemFetchSlots] host-pinned: results of fetching proxy requests
   uint32_t proxyAtomics;             // 1: every atomic, signal and quiet goes through the proxy (some PE uses it)
   uint32_t reserved2;
+  // peerBases of PEs [mappedFirst, mappedFirst + mappedCount) inline, so that the P2P hot path reads its
+  // target from the state itself (constant memory on GPUs, whose cache an acquire does not invalidate) rather
+  // than from the global table. The window holds every mapped PE when they lie within kShmemMappedWindow
+  // consecutive PEs (one host of a job with its ranks in host order); PEs outside it use the table.
+  int32_t mappedFirst;
+  uint32_t mappedCount;
+  uintptr_t mappedWindow[kShmemMappedWindow];
 };
 static_assert(std::is_trivially_copyable_v<ShmemDeviceState>, "ShmemDeviceState is copied as bytes");
 
