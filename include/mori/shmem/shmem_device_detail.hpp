@@ -103,11 +103,17 @@ MORI_DEVICE_INLINE uint64_t HeapOffset(const ShmemDeviceState& s, [[maybe_unused
                      addr, static_cast<unsigned long long>(bytes));
 }
 
-// Whether [off, off + bytes) is inside the user part of the heap (off measured from the heap base), without
-// branches: with `&` rather than `&&` the compiler evaluates all of it and tests once.
-MORI_DEVICE_INLINE bool InHeap(const ShmemDeviceState& s, uint64_t off, size_t bytes) {
+// 1 when [off, off + bytes) is inside the user part of the heap (off measured from the heap base), else 0,
+// without branches: the tests below combine such bits with `&` rather than `&&`, so the compiler evaluates
+// all of them and branches once.
+MORI_DEVICE_INLINE uint32_t InHeap(const ShmemDeviceState& s, uint64_t off, size_t bytes) {
   const uint64_t end = off + bytes;
-  return (off >= kShmemHeapUserOffset) & (end <= s.heapBytes) & (end >= off);
+  return static_cast<uint32_t>(off >= kShmemHeapUserOffset) & static_cast<uint32_t>(end <= s.heapBytes) &
+         static_cast<uint32_t>(end >= off);
+}
+
+MORI_DEVICE_INLINE uint32_t PeInRange(const ShmemDeviceState& s, int pe) {
+  return static_cast<uint32_t>(static_cast<uint32_t>(pe) < static_cast<uint32_t>(s.nPes));
 }
 
 // The checks every operation on a remote symmetric address makes (the runtime is initialised, pe in range,
@@ -117,8 +123,7 @@ MORI_DEVICE_INLINE uint64_t TargetOffset(const ShmemDeviceState& s, const char* 
                                          size_t bytes) {
   const uint64_t off = reinterpret_cast<uintptr_t>(addr) - s.heapBase;
   if constexpr (kDeviceChecks) {
-    const bool ok = (static_cast<uint32_t>(pe) < static_cast<uint32_t>(s.nPes)) & InHeap(s, off, bytes);
-    if (MORI_UNLIKELY(!ok)) ReportBadTarget(op, pe, addr, bytes);
+    if (MORI_UNLIKELY((PeInRange(s, pe) & InHeap(s, off, bytes)) == 0)) ReportBadTarget(op, pe, addr, bytes);
   } else {
     (void)op;
     (void)pe;
@@ -133,12 +138,8 @@ MORI_DEVICE_INLINE uint64_t TargetOffsets(const ShmemDeviceState& s, const char*
   const uint64_t off = reinterpret_cast<uintptr_t>(addr) - s.heapBase;
   *sigOffset = reinterpret_cast<uintptr_t>(sig) - s.heapBase;
   if constexpr (kDeviceChecks) {
-    const bool ok = (static_cast<uint32_t>(pe) < static_cast<uint32_t>(s.nPes)) & InHeap(s, off, bytes) &
-                    InHeap(s, *sigOffset, sizeof(uint64_t));
-    if (MORI_UNLIKELY(!ok)) {
-      if (!InHeap(s, off, bytes) || static_cast<uint32_t>(pe) >= static_cast<uint32_t>(s.nPes)) {
-        ReportBadTarget(op, pe, addr, bytes);
-      }
+    if (MORI_UNLIKELY((PeInRange(s, pe) & InHeap(s, off, bytes) & InHeap(s, *sigOffset, sizeof(uint64_t))) == 0)) {
+      if ((PeInRange(s, pe) & InHeap(s, off, bytes)) == 0) ReportBadTarget(op, pe, addr, bytes);
       ReportBadTarget(op, pe, sig, sizeof(uint64_t));
     }
   } else {
