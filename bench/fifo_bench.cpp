@@ -1,6 +1,8 @@
 // fifo_bench: the proxy FIFO's costs. Round trip: one kernel thread pushes a trigger, the proxy pops it and
 // answers through a host-pinned flag (or the kernel waits for the pop itself, as a port channel Flush does);
-// per-iteration latency median/p99. Throughput: many kernel threads push while the proxy pops.
+// per-iteration latency median/p99, beside the floor of the same machine: a kernel thread and a host thread
+// bouncing a value through two host-pinned flags with no FIFO at all. Throughput: many kernel threads push
+// while the proxy pops.
 //
 //   ./fifo_bench [--iters N] [--warmup N] [--per-pusher N] [--pushers 1,64,1024] [--fifo-size N]
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mori/core/atomic.hpp"
@@ -27,26 +30,97 @@ namespace {
 
 enum RoundTrip : uint32_t { kAnswerFlag = 0, kWaitForPop = 1 };
 
-// One thread: `warmup + iters` round trips; times[i] is iteration warmup + i in ns.
-MORI_GLOBAL void RoundTripKernel(core::FifoDeviceHandle fifo, uint32_t mode, uint32_t warmup, uint32_t iters,
-                                 uint64_t* answer, uint64_t* times, uint64_t timeoutNs) {
+// The round trips measured: how the kernel learns the request was handled, and what the push orders.
+struct RoundTripMode {
+  RoundTrip wait;
+  core::FifoOrder order;
+  const char* name;
+};
+constexpr RoundTripMode kRoundTrips[] = {
+    {kAnswerFlag, core::FifoOrder::AfterWrites, "push -> pop -> pinned flag"},
+    {kAnswerFlag, core::FifoOrder::PayloadOnly, "the same, payload-only push"},
+    {kWaitForPop, core::FifoOrder::AfterWrites, "push -> pop (kernel waits on tail)"},
+};
+
+// Waits (bounded) until the host answers `value` in `answer`.
+template <core::MemoryOrder O>
+MORI_DEVICE_INLINE void WaitForAnswer(const uint64_t* answer, uint64_t value, uint64_t timeoutNs) {
+  core::SpinDeadline deadline(timeoutNs);
+  while (core::AtomicLoad<O, core::Scope::System>(answer) != value) {
+    MORI_DEVICE_ASSERT(!deadline.Expired(), "fifo_bench: waited %llu ns for the host's answer %llu",
+                       static_cast<unsigned long long>(timeoutNs), static_cast<unsigned long long>(value));
+    core::SpinPause();
+  }
+}
+
+// One thread: `warmup + iters` round trips; times[i] is iteration warmup + i in ns, pushTimes[i] the part
+// spent in the push itself.
+MORI_GLOBAL void RoundTripKernel(core::FifoDeviceHandle fifo, uint32_t mode, core::FifoOrder order, uint32_t warmup,
+                                 uint32_t iters, uint64_t* answer, uint64_t* times, uint64_t* pushTimes,
+                                 uint64_t timeoutNs) {
   for (uint32_t i = 0; i < warmup + iters; ++i) {
     uint64_t start = core::DeviceWallClockNs();
-    uint64_t slot = fifo.Push(core::ProxyTrigger{uint64_t{i} + 1, 0});
+    uint64_t slot = fifo.Push(core::ProxyTrigger{uint64_t{i} + 1, 0}, order);
+    uint64_t pushed = core::DeviceWallClockNs();
     if (mode == kWaitForPop) {
       fifo.Sync(slot);
     } else {
-      core::SpinDeadline deadline(timeoutNs);
-      while (core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(answer) != uint64_t{i} + 1) {
-        MORI_DEVICE_ASSERT(!deadline.Expired(), "fifo_bench: waited %llu ns for the proxy's answer to trigger %u",
-                           static_cast<unsigned long long>(timeoutNs), i + 1);
-        core::SpinPause();
-      }
+      WaitForAnswer<core::MemoryOrder::Acquire>(answer, uint64_t{i} + 1, timeoutNs);
     }
+    uint64_t end = core::DeviceWallClockNs();
+    if (i >= warmup) {
+      times[i - warmup] = end - start;
+      pushTimes[i - warmup] = pushed - start;
+    }
+  }
+}
+
+// The floor: stores i + 1 in `ping` (host-pinned) and waits until the host thread answers it in `pong`.
+MORI_GLOBAL void FlagRoundTripKernel(uint64_t* ping, const uint64_t* pong, uint32_t warmup, uint32_t iters,
+                                     uint64_t* times, uint64_t timeoutNs) {
+  for (uint32_t i = 0; i < warmup + iters; ++i) {
+    uint64_t start = core::DeviceWallClockNs();
+    core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::System>(ping, uint64_t{i} + 1);
+    WaitForAnswer<core::MemoryOrder::Relaxed>(pong, uint64_t{i} + 1, timeoutNs);
     uint64_t end = core::DeviceWallClockNs();
     if (i >= warmup) times[i - warmup] = end - start;
   }
 }
+
+#if MORI_GPU_COMPILER
+// What one push is made of, in SM cycles (clock64), each step timed alone `iters` times: costs[step * iters + i].
+constexpr int kPushSteps = 8;
+constexpr const char* kPushStepNames[kPushSteps] = {
+    "fetch-add, device scope",         "acquire load, device scope",    "release fence, system scope",
+    "release fence, device scope",     "16-byte release store, pinned", "16-byte relaxed store, pinned",
+    "push (after writes: the default)", "push (payload only)"};
+MORI_GLOBAL void PushCostsKernel(core::FifoDeviceHandle fifo, uint64_t* word, core::ProxyTrigger* pinned, uint32_t iters,
+                                uint64_t* costs) {
+  for (uint32_t i = 0; i < iters; ++i) {
+    long long t[kPushSteps + 1];
+    t[0] = clock64();
+    uint64_t v = core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(word, uint64_t{1});
+    if (v == ~0ull) word[1] = 0;  // uses the value, so the clock is read after it arrived
+    t[1] = clock64();
+    uint64_t w = core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::Device>(word + 16);
+    if (w == ~0ull) word[1] = 0;
+    t[2] = clock64();
+    core::AtomicFence<core::MemoryOrder::AcqRel, core::Scope::System>();
+    t[3] = clock64();
+    core::AtomicFence<core::MemoryOrder::AcqRel, core::Scope::Device>();
+    t[4] = clock64();
+    core::FifoDeviceHandle::StoreSlot<true>(pinned, v, w);
+    t[5] = clock64();
+    core::FifoDeviceHandle::StoreSlot<false>(pinned + 1, v, w);
+    t[6] = clock64();
+    fifo.Push(core::ProxyTrigger{2 * uint64_t{i} + 1, 0});
+    t[7] = clock64();
+    fifo.Push(core::ProxyTrigger{2 * uint64_t{i} + 2, 0}, core::FifoOrder::PayloadOnly);
+    t[8] = clock64();
+    for (int k = 0; k < kPushSteps; ++k) costs[k * iters + i] = static_cast<uint64_t>(t[k + 1] - t[k]);
+  }
+}
+#endif
 
 // Every thread pushes `perThread` triggers and does not wait.
 MORI_GLOBAL void FloodKernel(core::FifoDeviceHandle fifo, uint32_t perThread) {
@@ -141,24 +215,80 @@ int main(int argc, char** argv) {
     core::GpuBuffer answer(64, core::MemoryType::HostPinned);
     std::memset(answer.Data(), 0, answer.Bytes());
     core::GpuBuffer times(sizeof(uint64_t) * o.iters, core::MemoryType::HostPinned);
+    core::GpuBuffer pushTimes(sizeof(uint64_t) * o.iters, core::MemoryType::HostPinned);
     const uint64_t timeoutNs = static_cast<uint64_t>(core::TimeoutSeconds() * 1e9);
-    core::PreloadKernels(RoundTripKernel, FloodKernel);
+    core::PreloadKernels(RoundTripKernel, FlagRoundTripKernel, FloodKernel);
 
     std::printf("FIFO round trip (%u slots, %u iterations after %u warm-up)\n", o.fifoSize, o.iters, o.warmup);
     std::printf("  %-34s %10s %10s %10s\n", "mode", "median us", "p99 us", "min us");
-    for (uint32_t mode : {kAnswerFlag, kWaitForPop}) {
+    {
+      // The floor: no FIFO, no proxy; a host thread echoes ping into pong.
+      core::GpuBuffer flags(128, core::MemoryType::HostPinned);
+      std::memset(flags.Data(), 0, flags.Bytes());
+      uint64_t* ping = flags.DataAs<uint64_t>();
+      uint64_t* pong = ping + 8;  // another cache line
+      const uint64_t last = uint64_t{o.warmup} + o.iters;
+      std::thread echo([&] {
+        uint64_t seen = 0;
+        auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(core::TimeoutSeconds());
+        while (seen < last && std::chrono::steady_clock::now() < deadline) {
+          uint64_t v = core::AtomicLoad<core::MemoryOrder::Acquire>(ping);
+          if (v != seen) {
+            core::AtomicStore<core::MemoryOrder::Release>(pong, v);
+            seen = v;
+          }
+        }
+      });
+      core::LaunchKernel(FlagRoundTripKernel, core::Dim3(1), core::Dim3(1), 0, nullptr, ping,
+                         static_cast<const uint64_t*>(pong), o.warmup, o.iters, times.DataAs<uint64_t>(), timeoutNs);
+      Check();
+      echo.join();
+      std::vector<uint64_t> t(times.DataAs<uint64_t>(), times.DataAs<uint64_t>() + o.iters);
+      std::printf("  %-34s %10.2f %10.2f %10.2f\n", "pinned flag -> host -> flag (floor)", Percentile(t, 0.5),
+                  Percentile(t, 0.99), Percentile(t, 0.0));
+    }
+    for (const RoundTripMode& mode : kRoundTrips) {
       EchoProxy proxy(o.fifoSize, answer.DataAs<uint64_t>());
       std::memset(answer.Data(), 0, answer.Bytes());
       proxy.StartProxy();
-      core::LaunchKernel(RoundTripKernel, core::Dim3(1), core::Dim3(1), 0, nullptr, proxy.FifoHandle(), mode, o.warmup,
-                         o.iters, answer.DataAs<uint64_t>(), times.DataAs<uint64_t>(), timeoutNs);
+      core::LaunchKernel(RoundTripKernel, core::Dim3(1), core::Dim3(1), 0, nullptr, proxy.FifoHandle(), mode.wait, mode.order, o.warmup,
+                         o.iters, answer.DataAs<uint64_t>(), times.DataAs<uint64_t>(), pushTimes.DataAs<uint64_t>(),
+                         timeoutNs);
       Check();
       proxy.StopProxy();
       std::vector<uint64_t> t(times.DataAs<uint64_t>(), times.DataAs<uint64_t>() + o.iters);
-      std::printf("  %-34s %10.2f %10.2f %10.2f\n",
-                  mode == kAnswerFlag ? "push -> pop -> pinned flag" : "push -> pop (kernel waits on tail)",
-                  Percentile(t, 0.5), Percentile(t, 0.99), Percentile(t, 0.0));
+      std::printf("  %-34s %10.2f %10.2f %10.2f\n", mode.name, Percentile(t, 0.5), Percentile(t, 0.99),
+                  Percentile(t, 0.0));
+      std::vector<uint64_t> p(pushTimes.DataAs<uint64_t>(), pushTimes.DataAs<uint64_t>() + o.iters);
+      std::printf("  %-34s %10.2f %10.2f %10.2f\n", "  of which the push itself", Percentile(p, 0.5), Percentile(p, 0.99),
+                  Percentile(p, 0.0));
     }
+
+#if MORI_GPU_COMPILER
+    {
+      EchoProxy proxy(o.fifoSize, answer.DataAs<uint64_t>());
+      proxy.StartProxy();
+      const uint32_t n = std::min<uint32_t>(o.iters, 1000);
+      core::GpuBuffer costs(sizeof(uint64_t) * n * kPushSteps, core::MemoryType::HostPinned);
+      uint64_t* word = nullptr;
+      MORI_CHECK_GPU(core::GpuMalloc(reinterpret_cast<void**>(&word), 256));
+      MORI_CHECK_GPU(core::GpuMemset(word, 0, 256));
+      core::GpuBuffer scratch(64, core::MemoryType::HostPinned);  // the store's target, like a FIFO slot
+      core::LaunchKernel(PushCostsKernel, core::Dim3(1), core::Dim3(1), 0, nullptr, proxy.FifoHandle(), word,
+                         scratch.DataAs<core::ProxyTrigger>(), n, costs.DataAs<uint64_t>());
+      Check();
+      proxy.StopProxy();
+      MORI_CHECK_GPU(core::GpuFree(word));
+      std::printf("\nOne push, step by step (SM cycles, %u times each)\n  %-34s %10s %10s\n", n, "step", "median",
+                  "p99");
+      for (int k = 0; k < kPushSteps; ++k) {
+        std::vector<uint64_t> c(costs.DataAs<uint64_t>() + k * n, costs.DataAs<uint64_t>() + (k + 1) * n);
+        std::sort(c.begin(), c.end());
+        std::printf("  %-34s %10llu %10llu\n", kPushStepNames[k], static_cast<unsigned long long>(c[n / 2]),
+                    static_cast<unsigned long long>(c[n * 99 / 100]));
+      }
+    }
+#endif
 
     std::printf("\nFIFO throughput (%u slots, %u triggers per pusher)\n", o.fifoSize, o.perPusher);
     std::printf("  %-10s %14s %12s %14s\n", "pushers", "triggers", "ms", "Mtriggers/s");

@@ -47,13 +47,22 @@ void CheckCuda(cudaError_t e, const char* call, int line) {
 // Block b puts its 16-byte aligned slice of [0, size) `iters` times (as shmem_bench's PutBwKernel).
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     PutBwKernel(uint8_t* dst, const uint8_t* src, size_t size, int iters, int pe) {
-  const size_t blocks = gridDim.x;
-  const size_t slice = ((size + blocks - 1) / blocks + 15) / 16 * 16;
-  const size_t offset = slice * blockIdx.x;
-  const size_t begin = offset < size ? offset : size;
-  const size_t bytes = size - begin < slice ? size - begin : slice;
+  size_t begin = 0, bytes = 0;
+  bench::SliceOf(size, gridDim.x, blockIdx.x, &begin, &bytes);
   if (bytes > 0) {
     for (int i = 0; i < iters; ++i) nvshmemx_putmem_nbi_block(dst + begin, src + begin, bytes, pe);
+  }
+  nvshmem_quiet();
+}
+
+// Every warp puts its slice (as shmem_bench's PutBwWarpKernel).
+__global__ void __launch_bounds__(kMaxThreadsPerBlock)
+    PutBwWarpKernel(uint8_t* dst, const uint8_t* src, size_t size, int iters, int pe) {
+  const size_t warpsPerBlock = (blockDim.x + 31) / 32;
+  size_t begin = 0, bytes = 0;
+  bench::SliceOf(size, gridDim.x * warpsPerBlock, blockIdx.x * warpsPerBlock + threadIdx.x / 32, &begin, &bytes);
+  if (bytes > 0) {
+    for (int i = 0; i < iters; ++i) nvshmemx_putmem_nbi_warp(dst + begin, src + begin, bytes, pe);
   }
   nvshmem_quiet();
 }
@@ -74,7 +83,7 @@ __global__ void PingPongKernel(uint64_t* flag, uint64_t base, int iters, int me)
 }
 
 __global__ void __launch_bounds__(kMaxThreadsPerBlock)
-    SignalPingPongKernel(int blockScope, uint8_t* buf, const uint8_t* src, size_t bytes, uint64_t* sig, uint64_t base,
+    SignalPingPongKernel(int scope, uint8_t* buf, const uint8_t* src, size_t bytes, uint64_t* sig, uint64_t base,
                          int iters, int me) {
   const int peer = 1 - me;
   const bool leader = threadIdx.x == 0;
@@ -82,16 +91,18 @@ __global__ void __launch_bounds__(kMaxThreadsPerBlock)
     const uint64_t v = base + static_cast<uint64_t>(i);
     if (me == 1) {
       if (leader) nvshmem_signal_wait_until(sig, NVSHMEM_CMP_GE, v);
-      if (blockScope) __syncthreads();
+      if (scope != bench::kScopeThread) __syncthreads();
     }
-    if (blockScope) {
+    if (scope == bench::kScopeBlock) {
       nvshmemx_putmem_signal_nbi_block(buf, src, bytes, sig, v, NVSHMEM_SIGNAL_SET, peer);
+    } else if (scope == bench::kScopeWarp) {
+      nvshmemx_putmem_signal_nbi_warp(buf, src, bytes, sig, v, NVSHMEM_SIGNAL_SET, peer);
     } else {
       nvshmem_putmem_signal_nbi(buf, src, bytes, sig, v, NVSHMEM_SIGNAL_SET, peer);
     }
     if (me == 0) {
       if (leader) nvshmem_signal_wait_until(sig, NVSHMEM_CMP_GE, v);
-      if (blockScope) __syncthreads();
+      if (scope != bench::kScopeThread) __syncthreads();
     }
   }
   nvshmem_quiet();
@@ -113,7 +124,8 @@ class Bench {
   Bench& operator=(const Bench&) = delete;
 
   int Run() {
-    if (opts_.putBw) PutBw();
+    if (opts_.putBw) PutBw(false);
+    if (opts_.putBwWarp) PutBw(true);
     if (opts_.pLatency) PLatency();
     if (opts_.signalLatency) SignalLatency();
     if (me_ == 0 && (opts_.pLatency || opts_.signalLatency)) report_.PrintLatencyTable(opts_.signalThreads);
@@ -161,7 +173,8 @@ class Bench {
     ++failures_;
   }
 
-  void PutBw() {
+  void PutBw(bool warpScope) {
+    const char* name = bench::PutBwBenchName(warpScope);
     const size_t max = opts_.maxBytes;
     auto* src = Alloc<uint8_t>(max, false);
     auto* dst = Alloc<uint8_t>(max, false);
@@ -174,19 +187,23 @@ class Bench {
         if (me_ == 1) MORI_BENCH_CUDA(cudaMemsetAsync(dst, 0, size, stream_));
         Barrier();
         if (me_ == 0) {
-          auto launch = [&](int n) { PutBwKernel<<<blocks, opts_.threads, 0, stream_>>>(dst, src, size, n, 1); };
+          auto launch = [&](int n) {
+            (warpScope ? PutBwWarpKernel : PutBwKernel)<<<blocks, opts_.threads, 0, stream_>>>(dst, src, size, n, 1);
+          };
           if (warmup > 0) TimeMs([&] { launch(warmup); });
           double ms = TimeMs([&] { launch(iters); });
           double gbps = static_cast<double>(size) * iters / (ms * 1e-3) / 1e9;
-          report_.Add(bench::kPutBw, size, blocks, iters, gbps, "GBps");
+          report_.Add(name, size, blocks, iters, gbps, "GBps");
         }
         Barrier();
-        if (me_ == 1) Check("put_bw blocks=" + std::to_string(blocks), dst, size, pattern, 0);
+        if (me_ == 1) Check(std::string(name) + " blocks=" + std::to_string(blocks), dst, size, pattern, 0);
       }
     }
     if (me_ == 0) {
-      report_.PrintPutBwTable(opts_, "block scope, " + std::to_string(opts_.threads) + " threads per block, to PE 1 " +
-                                         (nvshmem_ptr(dst, 1) != nullptr ? "over P2P" : "not load/store mapped"));
+      report_.PrintPutBwTable(opts_, name,
+                              std::string(warpScope ? "warp" : "block") + " scope, " + std::to_string(opts_.threads) +
+                                  " threads per block, to PE 1 " +
+                                  (nvshmem_ptr(dst, 1) != nullptr ? "over P2P" : "not load/store mapped"));
     }
     Barrier();
     nvshmem_free(dst);
@@ -234,15 +251,15 @@ class Bench {
     for (size_t size : sizes) {
       const int iters = bench::LatencyIters(opts_, kMachine, size);
       const int warmup = bench::WarmupIters(opts_, iters);
-      for (int blockScope : {0, 1}) {
+      for (int scope : {bench::kScopeThread, bench::kScopeWarp, bench::kScopeBlock}) {
         MORI_BENCH_CUDA(cudaMemsetAsync(buf, 0, size, stream_));
-        const unsigned threads = blockScope ? opts_.signalThreads : 1;
+        const unsigned threads = scope == bench::kScopeBlock ? opts_.signalThreads : scope == bench::kScopeWarp ? 32 : 1;
         auto launch = [&](uint64_t base, int n) {
-          SignalPingPongKernel<<<1, threads, 0, stream_>>>(blockScope, buf, src, size, sig, base, n, me_);
+          SignalPingPongKernel<<<1, threads, 0, stream_>>>(scope, buf, src, size, sig, base, n, me_);
         };
         if (warmup > 0) PingPong(seq, warmup, launch);
         double ms = PingPong(seq, iters, launch);
-        const char* name = blockScope ? bench::kSignalBlock : bench::kSignalThread;
+        const char* name = bench::SignalBenchName(scope);
         Check(name, buf, size, theirs, 1 - me_);
         if (me_ == 0) report_.Add(name, size, 1, iters, ms * 1e3 / iters / 2, "us");
       }

@@ -1,9 +1,10 @@
 // shmem_bench: the SHMEM device API between two PEs. PE 0 initiates, PE 1 is the target or the partner.
 //   put_bw          `blocks` blocks put `size` bytes together (each block its slice, ShmemPutMemNbiBlock),
 //                   `iters` times in one launch, then quiet; GB/s = size x iters / time (GPU events).
+//   put_bw_warp     the same with every warp of those blocks putting its slice (ShmemPutMemNbiWarp).
 //   p_latency       single-value put ping-pong (ShmemPutTypeImmNbiThread + ShmemWaitUntil), one thread.
-//   signal_latency  put-with-signal ping-pong, 8 B / 4 KiB / 64 KiB, thread scope (one thread) and block
-//                   scope (the whole block puts, thread 0 waits).
+//   signal_latency  put-with-signal ping-pong, 8 B / 4 KiB / 64 KiB, thread scope (one thread), warp scope
+//                   (one warp puts, lane 0 waits) and block scope (the whole block puts, thread 0 waits).
 // Latencies are half a round trip. nvshmem_bench.cu measures the same with NVSHMEM and prints the same lines
 // and CSV; compare_shmem.py puts the two side by side.
 //
@@ -34,12 +35,23 @@ constexpr bench::Machine kMachine{MORI_BACKEND_HOST != 0};
 // Block b puts its 16-byte aligned slice of [0, size) `iters` times; the slices cover [0, size) once.
 MORI_GLOBAL void MORI_LAUNCH_BOUNDS(1024)
     PutBwKernel(uint8_t* dst, const uint8_t* src, size_t size, int iters, int pe) {
-  const size_t blocks = core::FlatGridDim();
-  const size_t slice = ((size + blocks - 1) / blocks + 15) / 16 * 16;
-  const size_t begin = std::min(size, slice * core::FlatBlockIdx());
-  const size_t bytes = std::min(size - begin, slice);
+  size_t begin = 0, bytes = 0;
+  bench::SliceOf(size, core::FlatGridDim(), core::FlatBlockIdx(), &begin, &bytes);
   if (bytes > 0) {
     for (int i = 0; i < iters; ++i) ShmemPutMemNbiBlock(dst + begin, src + begin, bytes, pe);
+  }
+  ShmemQuietThread();
+}
+
+// The same per warp: every warp of the grid puts its slice.
+MORI_GLOBAL void MORI_LAUNCH_BOUNDS(1024)
+    PutBwWarpKernel(uint8_t* dst, const uint8_t* src, size_t size, int iters, int pe) {
+  const size_t warpsPerBlock = (core::FlatBlockDim() + MORI_WARP_SIZE - 1) / MORI_WARP_SIZE;
+  size_t begin = 0, bytes = 0;
+  bench::SliceOf(size, core::FlatGridDim() * warpsPerBlock, core::FlatBlockIdx() * warpsPerBlock + core::WarpId(),
+                 &begin, &bytes);
+  if (bytes > 0) {
+    for (int i = 0; i < iters; ++i) ShmemPutMemNbiWarp(dst + begin, src + begin, bytes, pe);
   }
   ShmemQuietThread();
 }
@@ -61,20 +73,23 @@ MORI_GLOBAL void PingPongKernel(uint64_t* flag, uint64_t base, int iters, int me
 }
 
 // The message of round i carries signal base + i; the partner answers once it has seen it.
+// One block: a thread (kScopeThread), one warp (kScopeWarp) or the whole block (kScopeBlock) puts.
 MORI_GLOBAL void MORI_LAUNCH_BOUNDS(1024)
-    SignalPingPongKernel(int blockScope, uint8_t* buf, const uint8_t* src, size_t bytes, uint64_t* sig, uint64_t base,
+    SignalPingPongKernel(int scope, uint8_t* buf, const uint8_t* src, size_t bytes, uint64_t* sig, uint64_t base,
                          int iters, int me) {
   const int peer = 1 - me;
   const bool leader = core::FlatThreadIdx() == 0;
   auto wait = [&](uint64_t v) {
     if (leader) ShmemSignalWaitUntil(sig, CmpOp::GE, v);
-    if (blockScope) core::SyncThreads();
+    if (scope != bench::kScopeThread) core::SyncThreads();
   };
   for (int i = 1; i <= iters; ++i) {
     const uint64_t v = base + static_cast<uint64_t>(i);
     if (me == 1) wait(v);
-    if (blockScope) {
+    if (scope == bench::kScopeBlock) {
       ShmemPutMemNbiSignalBlock(buf, src, bytes, sig, v, SignalOp::Set, peer);
+    } else if (scope == bench::kScopeWarp) {
+      ShmemPutMemNbiSignalWarp(buf, src, bytes, sig, v, SignalOp::Set, peer);
     } else {
       ShmemPutMemNbiSignalThread(buf, src, bytes, sig, v, SignalOp::Set, peer);
     }
@@ -91,7 +106,8 @@ class Bench {
 
   // Returns the number of failed data checks on this PE.
   int Run() {
-    if (opts_.putBw) PutBw();
+    if (opts_.putBw) PutBw(false);
+    if (opts_.putBwWarp) PutBw(true);
     if (opts_.pLatency) PLatency();
     if (opts_.signalLatency) SignalLatency();
     if (me_ == 0 && (opts_.pLatency || opts_.signalLatency)) report_.PrintLatencyTable(opts_.signalThreads);
@@ -116,7 +132,8 @@ class Bench {
     ++failures_;
   }
 
-  void PutBw() {
+  void PutBw(bool warpScope) {
+    const char* name = bench::PutBwBenchName(warpScope);
     const size_t max = opts_.maxBytes;
     auto* src = Alloc<uint8_t>(max, false);
     auto* dst = Alloc<uint8_t>(max, false);
@@ -130,22 +147,22 @@ class Bench {
         timer_.Barrier();
         if (me_ == 0) {
           auto launch = [&](int n) {
-            core::LaunchKernel(PutBwKernel, Dim3(blocks), Dim3(opts_.threads), 0, timer_.Stream(), dst,
-                               static_cast<const uint8_t*>(src), size, n, 1);
+            core::LaunchKernel(warpScope ? PutBwWarpKernel : PutBwKernel, Dim3(blocks), Dim3(opts_.threads), 0,
+                               timer_.Stream(), dst, static_cast<const uint8_t*>(src), size, n, 1);
           };
           if (warmup > 0) timer_.TimeMs([&] { launch(warmup); });
           double ms = timer_.TimeMs([&] { launch(iters); });
           double gbps = static_cast<double>(size) * iters / (ms * 1e-3) / 1e9;
-          report_.Add(bench::kPutBw, size, blocks, iters, gbps, "GBps");
+          report_.Add(name, size, blocks, iters, gbps, "GBps");
         }
         timer_.Barrier();
-        if (me_ == 1) Check(("put_bw blocks=" + std::to_string(blocks)).c_str(), dst, size, pattern, 0);
+        if (me_ == 1) Check((std::string(name) + " blocks=" + std::to_string(blocks)).c_str(), dst, size, pattern, 0);
       }
     }
     if (me_ == 0) {
-      report_.PrintPutBwTable(opts_, "block scope, " + std::to_string(opts_.threads) +
-                                         " threads per block, to PE 1 over " +
-                                         TransportTypeName(ShmemTransportType(1)));
+      report_.PrintPutBwTable(opts_, name,
+                              std::string(warpScope ? "warp" : "block") + " scope, " + std::to_string(opts_.threads) +
+                                  " threads per block, to PE 1 over " + TransportTypeName(ShmemTransportType(1)));
     }
     timer_.Barrier();
     ShmemFree(dst);
@@ -197,20 +214,20 @@ class Bench {
     for (size_t size : sizes) {
       const int iters = bench::LatencyIters(opts_, kMachine, size);
       const int warmup = bench::WarmupIters(opts_, iters);
-      for (int blockScope : {0, 1}) {
+      for (int scope : {bench::kScopeThread, bench::kScopeWarp, bench::kScopeBlock}) {
         MORI_CHECK_GPU(core::GpuMemsetAsync(buf, 0, size, timer_.Stream()));
-        const unsigned threads = blockScope ? opts_.signalThreads : 1;
+        const unsigned threads = scope == bench::kScopeBlock  ? opts_.signalThreads
+                                 : scope == bench::kScopeWarp ? MORI_WARP_SIZE
+                                                              : 1;
         auto launch = [&](uint64_t base, int n) {
-          core::LaunchKernel(SignalPingPongKernel, Dim3(1), Dim3(threads), 0, timer_.Stream(), blockScope, buf,
+          core::LaunchKernel(SignalPingPongKernel, Dim3(1), Dim3(threads), 0, timer_.Stream(), scope, buf,
                              static_cast<const uint8_t*>(src), size, sig, base, n, me_);
         };
         if (warmup > 0) PingPong(seq, warmup, launch);
         double ms = PingPong(seq, iters, launch);
-        Check(blockScope ? bench::kSignalBlock : bench::kSignalThread, buf, size, theirs, 1 - me_);
-        if (me_ == 0) {
-          report_.Add(blockScope ? bench::kSignalBlock : bench::kSignalThread, size, 1, iters, ms * 1e3 / iters / 2,
-                      "us");
-        }
+        const char* name = bench::SignalBenchName(scope);
+        Check(name, buf, size, theirs, 1 - me_);
+        if (me_ == 0) report_.Add(name, size, 1, iters, ms * 1e3 / iters / 2, "us");
       }
     }
     timer_.Barrier();
@@ -235,7 +252,7 @@ int Main(int argc, char** argv) {
   int failures = 0;
   try {
     MORI_CHECK(ShmemNPes() == 2, core::ErrorCode::InvalidUsage, "shmem_bench needs exactly 2 PEs, got %d", ShmemNPes());
-    core::PreloadKernels(PutBwKernel, PingPongKernel, SignalPingPongKernel);
+    core::PreloadKernels(PutBwKernel, PutBwWarpKernel, PingPongKernel, SignalPingPongKernel);
     if (ShmemMyPe() == 0) {
       std::printf("shmem_bench: mori, %s backend, 2 PEs, PE 0 -> PE 1 over %s, heap %zu MiB usable per PE\n",
                   MORI_BACKEND_NAME, TransportTypeName(ShmemTransportType(1)), ShmemHeapBytes() >> 20);

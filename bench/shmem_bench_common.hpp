@@ -23,6 +23,7 @@ struct Machine {
 
 struct Options {
   bool putBw = false;
+  bool putBwWarp = false;
   bool pLatency = false;
   bool signalLatency = false;
   size_t minBytes = 1024;
@@ -36,13 +37,15 @@ struct Options {
 };
 
 inline const char* Usage() {
-  return "usage: mpirun -np 2 PROGRAM [put_bw|p_latency|signal_latency|all] [--min SIZE] [--max SIZE]\n"
+  return "usage: mpirun -np 2 PROGRAM [put_bw|put_bw_warp|p_latency|signal_latency|all] [--min SIZE] [--max SIZE]\n"
          "           [--blocks N,N,...] [--threads N] [--signal-threads N] [--iters N] [--warmup N] [--csv FILE]\n"
          "  Defaults: --min 1k --max 256m --blocks 1,8,32,132 --threads 1024 --signal-threads 512\n"
          "  (HOST backend: --max 1m --blocks 1,2,4 --threads 4 --signal-threads 4).\n"
          "  SIZE takes k, m, g suffixes (powers of 1024). PE 0 initiates, PE 1 is the target.\n"
-         "  put_bw: `blocks` blocks put SIZE bytes together (block scope), for each power of two in [min, max].\n"
-         "  p_latency: single-value put ping-pong; signal_latency: put-with-signal ping-pong, 8 B / 4 KiB / 64 KiB.\n"
+         "  put_bw: `blocks` blocks put SIZE bytes together (block scope), for each power of two in [min, max];\n"
+         "  put_bw_warp: the same with every warp of those blocks putting its slice (warp scope).\n"
+         "  p_latency: single-value put ping-pong; signal_latency: put-with-signal ping-pong, 8 B / 4 KiB / 64 KiB,\n"
+         "  thread, warp and block scope.\n"
          "  --iters: iterations of every measurement (default: by size, see shmem_bench_common.hpp).\n";
 }
 
@@ -134,9 +137,11 @@ inline Options ParseOptions(int argc, char** argv, Machine m) {
     }
   }
   if (which == "all") {
-    o.putBw = o.pLatency = o.signalLatency = true;
+    o.putBw = o.putBwWarp = o.pLatency = o.signalLatency = true;
   } else if (which == "put_bw") {
     o.putBw = true;
+  } else if (which == "put_bw_warp") {
+    o.putBwWarp = true;
   } else if (which == "p_latency") {
     o.pLatency = true;
   } else if (which == "signal_latency") {
@@ -157,6 +162,24 @@ inline std::vector<size_t> PutSizes(const Options& o) {
 
 // The put-with-signal message sizes of the issue.
 inline std::vector<size_t> SignalSizes() { return {8, 4096, 65536}; }
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define MORI_BENCH_HOST_DEVICE __host__ __device__
+#else
+#define MORI_BENCH_HOST_DEVICE
+#endif
+
+// Part `index` of `parts` of [0, size): 16-byte aligned slices that cover it once (the last ones may be
+// empty). The put_bw kernels of both programs split the message this way, per block or per warp.
+MORI_BENCH_HOST_DEVICE inline void SliceOf(size_t size, size_t parts, size_t index, size_t* begin, size_t* bytes) {
+  const size_t slice = ((size + parts - 1) / parts + 15) / 16 * 16;
+  const size_t b = slice * index < size ? slice * index : size;
+  *begin = b;
+  *bytes = size - b < slice ? size - b : slice;
+}
+
+// Who puts in a put-with-signal ping-pong round: one thread, one warp, or a whole block.
+enum SignalScope : int { kScopeThread = 0, kScopeWarp = 1, kScopeBlock = 2 };
 
 // put_bw iterations: enough bytes that one launch (about 5 us) is noise, few enough that 256 MiB takes
 // milliseconds, not seconds.
@@ -212,9 +235,17 @@ inline std::string HumanSize(size_t bytes) {
 
 // Bench names, also the first CSV column.
 constexpr const char* kPutBw = "put_bw";
+constexpr const char* kPutBwWarp = "put_bw_warp";
 constexpr const char* kPLatency = "p_latency";
 constexpr const char* kSignalThread = "signal_latency_thread";
+constexpr const char* kSignalWarp = "signal_latency_warp";
 constexpr const char* kSignalBlock = "signal_latency_block";
+
+inline const char* SignalBenchName(int scope) {
+  return scope == kScopeThread ? kSignalThread : scope == kScopeWarp ? kSignalWarp : kSignalBlock;
+}
+
+inline const char* PutBwBenchName(bool warpScope) { return warpScope ? kPutBwWarp : kPutBw; }
 
 struct Row {
   std::string bench;
@@ -243,8 +274,8 @@ class Report {
     return nullptr;
   }
 
-  void PrintPutBwTable(const Options& o, const std::string& setting) const {
-    std::printf("\nput_bw (%s), GB/s = size x iterations / time; %s\n", impl_.c_str(), setting.c_str());
+  void PrintPutBwTable(const Options& o, const char* bench, const std::string& setting) const {
+    std::printf("\n%s (%s), GB/s = size x iterations / time; %s\n", bench, impl_.c_str(), setting.c_str());
     std::printf("%10s", "size");
     for (unsigned b : o.blocks) std::printf(" %11s", ("blocks=" + std::to_string(b)).c_str());
     std::printf(" %9s\n", "best");
@@ -252,7 +283,7 @@ class Report {
       double best = 0;
       std::printf("%10s", HumanSize(size).c_str());
       for (unsigned b : o.blocks) {
-        const Row* r = Find(kPutBw, size, b);
+        const Row* r = Find(bench, size, b);
         if (r == nullptr) {
           std::printf(" %11s", "-");
           continue;
@@ -269,15 +300,19 @@ class Report {
     std::printf("\nping-pong latency (%s), half round trip in us\n", impl_.c_str());
     if (const Row* r = Find(kPLatency, 8, 1)) std::printf("  single-value put (8 B, one thread): %.3f us\n", r->value);
     bool any = false;
-    for (size_t size : SignalSizes()) any = any || Find(kSignalThread, size, 1) || Find(kSignalBlock, size, 1);
+    for (size_t size : SignalSizes()) {
+      for (int scope : {kScopeThread, kScopeWarp, kScopeBlock}) any = any || Find(SignalBenchName(scope), size, 1);
+    }
     if (!any) return;
-    std::printf("  put-with-signal %10s %12s %12s\n", "size", "thread",
+    std::printf("  put-with-signal %10s %12s %12s %12s\n", "size", "thread", "warp",
                 ("block(" + std::to_string(signalThreads) + ")").c_str());
     for (size_t size : SignalSizes()) {
-      const Row* t = Find(kSignalThread, size, 1);
-      const Row* b = Find(kSignalBlock, size, 1);
-      std::printf("                  %10s %12s %12s\n", HumanSize(size).c_str(), t ? Fixed(t->value).c_str() : "-",
-                  b ? Fixed(b->value).c_str() : "-");
+      std::printf("                  %10s", HumanSize(size).c_str());
+      for (int scope : {kScopeThread, kScopeWarp, kScopeBlock}) {
+        const Row* r = Find(SignalBenchName(scope), size, 1);
+        std::printf(" %12s", r ? Fixed(r->value).c_str() : "-");
+      }
+      std::printf("\n");
     }
     std::fflush(stdout);
   }
