@@ -1,12 +1,43 @@
 #!/usr/bin/env bash
 # The GPU job for a machine with NVIDIA GPUs: runs the CUDA build staged by stage_cuda_build.sh (ctest:
 # unit, multi-process, GPU and mpirun suites incl. SHMEM, the examples; with BENCH=1 the benchmarks, mori
-# beside NVSHMEM) and writes logs to ${OUT:-/tmp/mori-out}.
+# beside NVSHMEM) and writes logs to ${OUT:-/tmp/mori-out}/logs, packed at the end into
+# ${OUT}/mori-gpu-logs.tgz (a device command brings back only a few files).
+# With fewer GPUs than the two PEs of the jobs, the PEs share GPUs under CUDA MPS (their kernels then run at
+# the same time instead of in time slices): the script starts the MPS daemon with its pipe and log folders
+# under /tmp, gives every rank the MPS variables and 100 / (PEs per GPU) percent of the SMs, and quits the
+# daemon at the end. MPS=off keeps it off, MPS=on forces it.
 # The build holds the absolute paths of the machine it was built on; symbolic links recreate them.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
-out=${OUT:-/tmp/mori-out}
+top=${OUT:-/tmp/mori-out}
+out="$top/logs"
 mkdir -p "$out"
+pack_logs() { tar czf "$top/mori-gpu-logs.tgz" -C "$top" logs 2>/dev/null; }
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+mps_env=()
+if [ "${MPS:-auto}" = on ] || { [ "${MPS:-auto}" = auto ] && [ "${gpus:-0}" -lt 2 ]; }; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/mori-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mori-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  pes_per_gpu=$(( (2 + ${gpus:-1} - 1) / ${gpus:-1} ))
+  [ "$pes_per_gpu" -ge 1 ] || pes_per_gpu=2
+  export CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=$((100 / pes_per_gpu))
+  export NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1
+  if nvidia-cuda-mps-control -d; then
+    echo "MPS daemon started: $pes_per_gpu PEs per GPU, $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE% of the SMs each" | tee "$out/mps.txt"
+    trap 'echo quit | nvidia-cuda-mps-control; cp -r "$CUDA_MPS_LOG_DIRECTORY" "$out/mps-log" 2>/dev/null; pack_logs' EXIT
+  else
+    echo "MPS daemon did not start: PEs sharing a GPU take turns in time slices" | tee "$out/mps.txt"
+    trap pack_logs EXIT
+  fi
+  mps_env=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY -x CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
+           -x NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE)
+else
+  trap pack_logs EXIT
+fi
+# Every mpirun of this script (an array, not a function: `timeout` runs it): ranks started by the local
+# daemon inherit the environment anyway; -x says so.
+mpirun_=(mpirun --allow-run-as-root "${mps_env[@]}")
 built_at=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$repo/.carry/build-cuda/CMakeCache.txt")
 if [ "$built_at" != "$repo" ]; then
   mkdir -p "$(dirname "$built_at")"
@@ -49,13 +80,57 @@ run() {  # log name, command... (only the names matching the regular expression 
 report_failures() {
   for f in "$out"/*.log; do grep -lE "FAILED|Failure|trap|error" "$f" >/dev/null && { echo "== $f"; grep -E "FAILED|Failure|trap|rror" "$f" | head -20; }; done
 }
+# mori's shmem_bench (with and without the device API's argument checks) beside NVSHMEM's nvshmem_bench, the
+# comparison, the FIFO round trip, and the SASS of the benchmark kernels. NVSHMEM is not on the build machine:
+# nvshmem_bench is compiled here (relocatable device code, its device library, the host library by path), as
+# BASELINES.md describes.
+bench_shmem() {
+  local args=${SHMEM_BENCH_ARGS:-}
+  run shmem_bench "${mpirun_[@]}" -np 2 ./bench/shmem_bench all --csv "$out/shmem_mori.csv" $args
+  [ -x ./bench/shmem_bench_nochecks ] &&
+    run shmem_bench_nochecks "${mpirun_[@]}" -np 2 ./bench/shmem_bench_nochecks all --csv "$out/shmem_mori_nochecks.csv" $args
+  local nv=${NVSHMEM_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nvshmem}
+  if [ -d "$nv/include" ]; then
+    local mpi_inc mpi_lib
+    mpi_inc=$(mpicc -showme:incdirs | sed 's/[^ ]*/-I&/g')
+    mpi_lib=$(mpicc -showme:libdirs | sed 's/[^ ]*/-L&/g')
+    run nvshmem_build nvcc -O3 -std=c++17 -rdc=true -arch=sm_90 -I"$nv/include" $mpi_inc "$repo/bench/nvshmem_bench.cu" \
+      "$nv/lib/libnvshmem_device.a" -Xlinker "$nv/lib/libnvshmem_host.so.3" $mpi_lib -lmpi -lcuda \
+      -Xlinker -rpath="$nv/lib" -o /tmp/nvshmem_bench
+    if [ -x /tmp/nvshmem_bench ]; then
+      run nvshmem_bench "${mpirun_[@]}" -np 2 -x LD_LIBRARY_PATH="$nv/lib" -x NVSHMEM_DISABLE_NVLS=1 \
+        -x NVSHMEM_REMOTE_TRANSPORT=none /tmp/nvshmem_bench all --csv "$out/shmem_nvshmem.csv" $args
+    fi
+  fi
+  python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori.csv" "$out/shmem_nvshmem.csv" --one-gpu \
+    > "$out/shmem_compare.txt" 2>&1
+  [ -f "$out/shmem_mori_nochecks.csv" ] && python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori.csv" \
+    "$out/shmem_mori_nochecks.csv" --one-gpu > "$out/shmem_checks_cost.txt" 2>&1
+  run fifo_bench ./bench/fifo_bench
+  if command -v cuobjdump >/dev/null; then
+    cuobjdump -res-usage ./bench/shmem_bench > "$out/sass_res_mori.txt" 2>&1
+    cuobjdump -sass ./bench/shmem_bench > "$out/sass_mori.txt" 2>&1
+    [ -x /tmp/nvshmem_bench ] && cuobjdump -res-usage /tmp/nvshmem_bench > "$out/sass_res_nvshmem.txt" 2>&1
+    [ -x /tmp/nvshmem_bench ] && cuobjdump -sass /tmp/nvshmem_bench 2>/dev/null | \
+      awk '/Function : .*(PutBw|PingPong)/{p=1} /Function : /{if ($0 !~ /(PutBw|PingPong)/) p=0} p' > "$out/sass_nvshmem.txt"
+  fi
+}
+
+# ONLY=perf: the benchmarks alone.
+if [ "${ONLY:-}" = perf ]; then
+  bench_shmem
+  cat "$out/summary.txt" "$out/shmem_compare.txt" 2>/dev/null
+  grep -A12 "FIFO round trip" "$out/fifo_bench.log" 2>/dev/null
+  exit $rc
+fi
+
 # ONLY=shmem: the SHMEM mpirun suite (gtest filter SHMEM_MPI_FILTER) and the put example with 2 PEs under
 # each transport of SHMEM_TRANSPORTS (default: p2p rdma).
 if [ "${ONLY:-}" = shmem ]; then
   for tr in ${SHMEM_TRANSPORTS:-p2p rdma}; do
-    run mpi_shmem_$tr mpirun --allow-run-as-root -np 2 -x MORI_SHMEM_TRANSPORT=$tr -x MORI_SHMEM_HEAP_SIZE=64m \
+    run mpi_shmem_$tr "${mpirun_[@]}" -np 2 -x MORI_SHMEM_TRANSPORT=$tr -x MORI_SHMEM_HEAP_SIZE=64m \
       -x MORI_TIMEOUT_S=60 ./tests/mori_shmem_mpi_tests ${SHMEM_MPI_FILTER:-}
-    run ex_shmem_put_$tr mpirun --allow-run-as-root -np 2 -x MORI_SHMEM_TRANSPORT=$tr -x MORI_TIMEOUT_S=60 \
+    run ex_shmem_put_$tr "${mpirun_[@]}" -np 2 -x MORI_SHMEM_TRANSPORT=$tr -x MORI_TIMEOUT_S=60 \
       ./examples/shmem/shmem_put
   done
   cat "$out/summary.txt"
@@ -69,10 +144,10 @@ if [ "${ONLY:-}" = channels ]; then
   run channels_mp ctest --output-on-failure --timeout 120 -R '^(CommunicatorMp|MemoryChannelMp|TcpLinkMp|TcpLoopbackMp|TcpTwoHosts|Transports/ConnectEachTransport|Transports/PortChannelMp|Transports/RdmaConnectionMp)\.'
   run shmem_single_proxy ctest --output-on-failure --timeout 200 -R 'ShmemSingleTest.Proxy|ShmemPairTest.*proxy_'
   for conn in tcp rdma; do
-    run mpi_shmem_proxy_$conn mpirun --allow-run-as-root -np 2 -x MORI_SHMEM_TRANSPORT=proxy \
+    run mpi_shmem_proxy_$conn "${mpirun_[@]}" -np 2 -x MORI_SHMEM_TRANSPORT=proxy \
       -x MORI_SHMEM_PROXY_CONN=$conn -x MORI_SHMEM_HEAP_SIZE=64m -x MORI_TIMEOUT_S=60 ./tests/mori_shmem_mpi_tests ${SHMEM_MPI_FILTER:-}
     for ex in shmem_put shmem_put_signal_pingpong shmem_atomic_counter shmem_ring_allgather shmem_all_to_all; do
-      run ex_${ex}_proxy_$conn mpirun --allow-run-as-root -np 2 -x MORI_SHMEM_TRANSPORT=proxy \
+      run ex_${ex}_proxy_$conn "${mpirun_[@]}" -np 2 -x MORI_SHMEM_TRANSPORT=proxy \
         -x MORI_SHMEM_PROXY_CONN=$conn -x MORI_SHMEM_HEAP_SIZE=256m -x MORI_TIMEOUT_S=60 ./examples/shmem/$ex
     done
   done
@@ -85,42 +160,34 @@ if [ "${ONLY:-}" = channels ]; then
   report_failures
   exit $rc
 fi
-ctest --output-on-failure --timeout 300 ${CTEST_ARGS:-} > "$out/ctest.log" 2>&1
-rc=$?
+if [ ${#mps_env[@]} -gt 0 ]; then
+  # Under MPS a trap in one client (the bad-input tests trap on purpose) ends every client of the server, so
+  # the jobs that need MPS (several PEs spinning on one GPU at once: mpirun suites and examples) run one at a
+  # time, and the rest, single processes and forked pairs that only need correctness, run beside each other
+  # with contexts of their own (time slices, no MPS).
+  env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY -u CUDA_MPS_ACTIVE_THREAD_PERCENTAGE \
+    ctest --output-on-failure --timeout 300 -LE 'mpi|example' -j ${CTEST_JOBS:-4} ${CTEST_ARGS:-} > "$out/ctest.log" 2>&1
+  rc=$?
+  ctest --output-on-failure --timeout 300 -L 'mpi|example' ${CTEST_ARGS:-} > "$out/ctest_mps.log" 2>&1 || rc=1
+  echo "ctest without MPS: $(grep -E '^[0-9]+% tests passed' "$out/ctest.log"); under MPS: $(grep -E '^[0-9]+% tests passed' "$out/ctest_mps.log")" | tee -a "$out/summary.txt"
+else
+  ctest --output-on-failure --timeout 300 ${CTEST_ARGS:-} > "$out/ctest.log" 2>&1
+  rc=$?
+fi
 {
-  mpirun --allow-run-as-root -np 2 ./examples/core/ring_exchange 256m || rc=1
+  "${mpirun_[@]}" -np 2 ./examples/core/ring_exchange 256m || rc=1
   ./examples/local_rdma_ops/simple_gpu_interchange 1048576 42 || rc=1
   ./examples/local_rdma_ops/local_rdma_ops || rc=1
-  for op in write read atomic; do mpirun --allow-run-as-root -np 2 ./examples/dist_rdma_ops/dist_rdma_ops $op 16777216 || rc=1; done
+  for op in write read atomic; do "${mpirun_[@]}" -np 2 ./examples/dist_rdma_ops/dist_rdma_ops $op 16777216 || rc=1; done
   for transport in p2p rdma; do
     for ex in shmem_put shmem_put_signal_pingpong shmem_atomic_counter shmem_ring_allgather shmem_all_to_all; do
-      mpirun --allow-run-as-root -np 2 -x MORI_SHMEM_TRANSPORT=$transport ./examples/shmem/$ex || rc=1
+      "${mpirun_[@]}" -np 2 -x MORI_SHMEM_TRANSPORT=$transport ./examples/shmem/$ex || rc=1
     done
   done
 } > "$out/examples.log" 2>&1
 if [ -n "${BENCH:-}" ]; then
-  ./bench/rdma_post_rate ${RDMA_BENCH_ARGS:-} > "$out/rdma_post_rate.log" 2>&1 || rc=1
-  # mori against NVSHMEM in the same run. NVSHMEM is not on the build machine: nvshmem_bench is compiled here
-  # (relocatable device code, its device library, the host library by path), as BASELINES.md describes.
-  mpirun --allow-run-as-root -np 2 ./bench/shmem_bench all --csv "$out/shmem_mori.csv" ${SHMEM_BENCH_ARGS:-} \
-    > "$out/shmem_bench.log" 2>&1 || rc=1
-  nv=${NVSHMEM_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nvshmem}
-  if [ -d "$nv/include" ]; then
-    mpi_inc=$(mpicc -showme:incdirs | sed 's/[^ ]*/-I&/g')
-    mpi_lib=$(mpicc -showme:libdirs | sed 's/[^ ]*/-L&/g')
-    if nvcc -O3 -std=c++17 -rdc=true -arch=sm_90 -I"$nv/include" $mpi_inc "$repo/bench/nvshmem_bench.cu" \
-         "$nv/lib/libnvshmem_device.a" -Xlinker "$nv/lib/libnvshmem_host.so.3" $mpi_lib -lmpi -lcuda \
-         -Xlinker -rpath="$nv/lib" -o /tmp/nvshmem_bench > "$out/nvshmem_build.log" 2>&1; then
-      mpirun --allow-run-as-root -np 2 -x LD_LIBRARY_PATH="$nv/lib" -x NVSHMEM_DISABLE_NVLS=1 \
-        -x NVSHMEM_REMOTE_TRANSPORT=none /tmp/nvshmem_bench all --csv "$out/shmem_nvshmem.csv" \
-        ${SHMEM_BENCH_ARGS:-} > "$out/nvshmem_bench.log" 2>&1 || rc=1
-      python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori.csv" "$out/shmem_nvshmem.csv" \
-        > "$out/shmem_compare.txt" 2>&1
-    else
-      echo "nvshmem_bench did not build (see nvshmem_build.log)" > "$out/shmem_compare.txt"
-      python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori.csv" >> "$out/shmem_compare.txt" 2>&1
-    fi
-  fi
+  run rdma_post_rate ./bench/rdma_post_rate ${RDMA_BENCH_ARGS:-}
+  bench_shmem
 fi
 tail -n 30 "$out/ctest.log"
 cat "$out/examples.log" "$out/rdma_post_rate.log" "$out/shmem_compare.txt" 2>/dev/null | tail -n 80
