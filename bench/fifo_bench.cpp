@@ -92,7 +92,7 @@ MORI_GLOBAL void FlagRoundTripKernel(uint64_t* ping, const uint64_t* pong, uint3
 constexpr int kPushSteps = 8;
 constexpr const char* kPushStepNames[kPushSteps] = {
     "fetch-add, device scope",         "acquire load, device scope",    "release fence, system scope",
-    "release fence, device scope",     "16-byte release store, pinned", "16-byte relaxed store, pinned",
+    "release fence, device scope",     "fence + 16-byte store, pinned", "16-byte relaxed store, pinned",
     "push (after writes: the default)", "push (payload only)"};
 MORI_GLOBAL void PushCostsKernel(core::FifoDeviceHandle fifo, uint64_t* word, core::ProxyTrigger* pinned, uint32_t iters,
                                 uint64_t* costs) {
@@ -109,9 +109,10 @@ MORI_GLOBAL void PushCostsKernel(core::FifoDeviceHandle fifo, uint64_t* word, co
     t[3] = clock64();
     core::AtomicFence<core::MemoryOrder::AcqRel, core::Scope::Device>();
     t[4] = clock64();
-    core::FifoDeviceHandle::StoreSlot<true>(pinned, v, w);
+    core::AtomicFence<core::MemoryOrder::Release, core::Scope::System>();
+    core::FifoDeviceHandle::StoreSlot(pinned, v, w);
     t[5] = clock64();
-    core::FifoDeviceHandle::StoreSlot<false>(pinned + 1, v, w);
+    core::FifoDeviceHandle::StoreSlot(pinned + 1, v, w);
     t[6] = clock64();
     fifo.Push(core::ProxyTrigger{2 * uint64_t{i} + 1, 0});
     t[7] = clock64();

@@ -83,18 +83,29 @@ struct FifoDeviceHandle {
     // comparison is decided, and GPUs do not perform stores speculatively), and the value is at most a tail
     // that the host published after reading those slots. A stale value only sends the push to WaitForRoom,
     // which reads the tail itself with acquire.
+#if MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
+    // hipcc 5.2's AMDGPU backend fails on the branch into WaitForRoom below ("failed to annotate CFG"):
+    // HIP producers read the host's tail on every push, as before the device-side copy existed.
+    uint64_t first = AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(head, static_cast<uint64_t>(n));
+    WaitForRoom(first, n);
+#else
     const uint64_t seen = AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(tailSeen);
     uint64_t first = AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(head, static_cast<uint64_t>(n));
     if (MORI_UNLIKELY(first + n > seen + size)) WaitForRoom(first, n);
+#endif
+    // A release fence and relaxed slot stores after it (a release pattern): one fence covers all the slots.
+#if MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
+    // hipcc 5.2's AMDGPU backend fails on this fence under a branch ("failed to annotate CFG"): on HIP every
+    // push fences.
+    (void)order;
+    AtomicFence<MemoryOrder::Release, Scope::System>();
+#else
+    if (order == FifoOrder::AfterWrites) AtomicFence<MemoryOrder::Release, Scope::System>();
+#endif
     for (uint32_t k = 0; k < n; ++k) {
       uint64_t slot = first + k;
-      const uint64_t snd = (items[k].snd & ~kTriggerLapBit) | TriggerLapBit(slot, size);
-      if (order == FifoOrder::AfterWrites && k == 0) {
-        // The host acts on a request once its first slot is visible, so one release covers all its slots.
-        StoreSlot<true>(&triggers[slot & (size - 1)], items[k].fst, snd);
-      } else {
-        StoreSlot<false>(&triggers[slot & (size - 1)], items[k].fst, snd);
-      }
+      StoreSlot(&triggers[slot & (size - 1)], items[k].fst,
+                (items[k].snd & ~kTriggerLapBit) | TriggerLapBit(slot, size));
     }
     return first;
   }
@@ -104,21 +115,14 @@ struct FifoDeviceHandle {
   }
 
   // Writes one slot: `fst`, the payload word, is visible no later than `snd`, whose lap bit makes the slot
-  // valid; with `kRelease` everything this thread wrote before is visible first. On a GPU both words go in
-  // one 16-byte store: the slot is 16-byte aligned and reaches host memory as one PCIe write, which the host
-  // sees whole (it reads snd, then fst). Two stores with a release between them would need a system fence on
-  // every push, even one that orders nothing else. Host threads (HOST backend) make two stores, a release
-  // between them, which the C++ memory model orders.
-  template <bool kRelease>
+  // valid. On a GPU both words go in one 16-byte store: the slot is 16-byte aligned and reaches host memory
+  // as one PCIe write, which the host sees whole (it reads snd, then fst). Two stores would need a system
+  // fence between them on every push, even one that orders nothing else. Host threads (HOST backend) make
+  // two stores, a release between them, which the C++ memory model orders.
   MORI_DEVICE_INLINE static void StoreSlot(ProxyTrigger* p, uint64_t fst, uint64_t snd) {
 #if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE
-    if constexpr (kRelease) {
-      asm volatile("st.release.sys.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(fst), "l"(snd) : "memory");
-    } else {
-      asm volatile("st.relaxed.sys.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(fst), "l"(snd) : "memory");
-    }
+    asm volatile("st.relaxed.sys.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(fst), "l"(snd) : "memory");
 #elif MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
-    if constexpr (kRelease) AtomicFence<MemoryOrder::Release, Scope::System>();
     using Words = uint64_t __attribute__((ext_vector_type(2)));
     Words w = {fst, snd};
     __builtin_nontemporal_store(w, reinterpret_cast<Words*>(p));
