@@ -51,10 +51,8 @@
 // on its hot path. Header-defined like every device function (inline linkage, no -rdc needed).
 #if MORI_GPU_COMPILER
 #define MORI_DEVICE_NOINLINE __device__ __noinline__ inline
-#define MORI_HOST_DEVICE_NOINLINE __host__ __device__ __noinline__ inline
 #else
 #define MORI_DEVICE_NOINLINE inline __attribute__((noinline))
-#define MORI_HOST_DEVICE_NOINLINE inline __attribute__((noinline))
 #endif
 
 // Branch hints for the checks on hot paths: the failing side is laid out of the way.

@@ -36,19 +36,12 @@ MORI_DEVICE_NOINLINE void SignalRemote(int pe, uint64_t offset, uint64_t value, 
     ProxySignal(s, pe, offset, value, op);
     return;
   }
-  if (AtomicsViaNic(s, pe)) {
-    if (op == SignalOp::Set) {
-      RdmaPut(s, "signal", pe, offset, &value, sizeof(value), false);
-    } else {
-      NicAtomic64(s, pe, offset, rdma::AtomicOp::FetchAdd, value, 0, false);
-    }
-    return;
-  }
-  uint64_t* sig = PeerAddress<uint64_t>(s, pe, offset);
+  // Not through the proxy and not by stores (SignalAt): some PE is reached over RDMA, so every signal goes
+  // through the NIC (AtomicsViaNic).
   if (op == SignalOp::Set) {
-    core::AtomicStore<MemoryOrder::Release, Scope::System>(sig, value);
+    RdmaPut(s, "signal", pe, offset, &value, sizeof(value), false);
   } else {
-    core::AtomicFetchAdd<MemoryOrder::Release, Scope::System>(sig, value);
+    NicAtomic64(s, pe, offset, rdma::AtomicOp::FetchAdd, value, 0, false);
   }
 }
 

@@ -74,22 +74,17 @@ MORI_DEVICE_INLINE void CheckPe([[maybe_unused]] const ShmemDeviceState& s, [[ma
   }
 }
 
-// Offset of [addr, addr + bytes) in the heap; traps, naming PE, peer and address, when it is not inside the
-// user part of the symmetric heap.
-MORI_DEVICE_INLINE uint64_t HeapOffset(const ShmemDeviceState& s, [[maybe_unused]] const char* op,
-                                       [[maybe_unused]] int pe, const void* addr, [[maybe_unused]] size_t bytes) {
+// Traps, naming PE, peer and address, when [addr, addr + bytes) is not inside the user part of the symmetric
+// heap (the report of TargetOffset's range test).
+MORI_DEVICE_INLINE void CheckInHeap(const ShmemDeviceState& s, const char* op, int pe, const void* addr, size_t bytes) {
   uintptr_t a = reinterpret_cast<uintptr_t>(addr);
-  if constexpr (kDeviceChecks) {
-    bool inside =
-        a >= s.heapBase + kShmemHeapUserOffset && bytes <= s.heapBytes && a - s.heapBase <= s.heapBytes - bytes;
-    MORI_DEVICE_ASSERT(inside,
-                       "mori shmem: %s on PE %d (target pe %d): %p + %llu bytes is not inside the symmetric heap "
-                       "[%p, %p)",
-                       op, s.rank, pe, addr, static_cast<unsigned long long>(bytes),
-                       reinterpret_cast<void*>(s.heapBase + kShmemHeapUserOffset),
-                       reinterpret_cast<void*>(s.heapBase + s.heapBytes));
-  }
-  return a - s.heapBase;
+  bool inside = a >= s.heapBase + kShmemHeapUserOffset && bytes <= s.heapBytes && a - s.heapBase <= s.heapBytes - bytes;
+  MORI_DEVICE_ASSERT(inside,
+                     "mori shmem: %s on PE %d (target pe %d): %p + %llu bytes is not inside the symmetric heap "
+                     "[%p, %p)",
+                     op, s.rank, pe, addr, static_cast<unsigned long long>(bytes),
+                     reinterpret_cast<void*>(s.heapBase + kShmemHeapUserOffset),
+                     reinterpret_cast<void*>(s.heapBase + s.heapBytes));
 }
 
 // Reports why [addr, addr + bytes) at pe failed TargetOffset's test, in the order a reader needs: runtime
@@ -98,7 +93,7 @@ MORI_DEVICE_INLINE uint64_t HeapOffset(const ShmemDeviceState& s, [[maybe_unused
 [[noreturn]] MORI_DEVICE_NOINLINE void ReportBadTarget(const char* op, int pe, const void* addr, size_t bytes) {
   const ShmemDeviceState& s = Checked(op);
   CheckPe(s, op, pe);
-  HeapOffset(s, op, pe, addr, bytes);
+  CheckInHeap(s, op, pe, addr, bytes);
   MORI_DEVICE_ASSERT(false, "mori shmem: %s on PE %d: target check of pe %d, %p + %llu bytes failed", op, s.rank, pe,
                      addr, static_cast<unsigned long long>(bytes));
 }
