@@ -1,6 +1,6 @@
 // A copy that a group of threads does together (a warp, a block, or any threadId/numThreads split), for
 // copies into a peer's mapped memory and back: bytes up to a common alignment, then 16-byte vectors with
-// four loads in flight per thread, then words and the last bytes. Includes nothing host-only.
+// up to four loads in flight per thread, then words and the last bytes. Includes nothing host-only.
 #pragma once
 
 #include <cstddef>
@@ -37,7 +37,17 @@ MORI_DEVICE_INLINE void CopyVectors(Vec16* dv, const Vec16* sv, Index count, Ind
     dv[i + 2 * n] = v2;
     dv[i + 3 * n] = v3;
   }
-  for (; i < count; i += n) dv[i] = sv[i];
+  // At most three vectors are left for this thread: their loads go out together too (a block copying 32 KiB
+  // has two vectors per thread, and one at a time would wait for memory twice).
+  if (i < count) {
+    const bool has1 = i + n < count, has2 = i + 2 * n < count;
+    Vec16 v0 = sv[i], v1{}, v2{};
+    if (has1) v1 = sv[i + n];
+    if (has2) v2 = sv[i + 2 * n];
+    dv[i] = v0;
+    if (has1) dv[i + n] = v1;
+    if (has2) dv[i + 2 * n] = v2;
+  }
 }
 
 // Thread `rank` of `n` copies its share of [src, src + bytes) to dst; the copy is whole once all n did.
