@@ -13,21 +13,6 @@ NicMemory::~NicMemory() {
   if (staging_ != nullptr) (void)core::GpuFreeHost(staging_);
 }
 
-// Pageable host memory would make a device copy synchronous with the device's other work (a copy behind a
-// kernel that waits for this very NIC would never run); pinned staging keeps it on the NIC's stream.
-uint8_t* NicMemory::Staging(size_t bytes) {
-  if (bytes > stagingBytes_) {
-    if (staging_ != nullptr) (void)core::GpuFreeHost(staging_);
-    staging_ = nullptr;
-    size_t size = std::max<size_t>(bytes, 1 << 20);
-    void* p = nullptr;
-    MORI_CHECK_GPU(core::GpuHostAllocMapped(&p, size));
-    staging_ = static_cast<uint8_t*>(p);
-    stagingBytes_ = size;
-  }
-  return staging_;
-}
-
 bool NicMemory::IsDeviceMemory(const void* p, int* gpu) {
   *gpu = -1;
 #if MORI_BACKEND_CUDA
@@ -52,12 +37,28 @@ bool NicMemory::IsDeviceMemory(const void* p, int* gpu) {
 #endif
 }
 
+// Pageable host memory would make a device copy synchronous with the device's other work (a copy behind a
+// kernel that waits for this very NIC would never run); pinned staging keeps it on the NIC's stream.
 void NicMemory::UseGpu(int gpu) {
+  if (staging_ == nullptr) {
+    void* p = nullptr;
+    MORI_CHECK_GPU(core::GpuHostAllocMapped(&p, kStagingBytes));
+    staging_ = static_cast<uint8_t*>(p);
+  }
   if (streamGpu_ == gpu && stream_ != nullptr) return;
   MORI_CHECK_GPU(core::GpuSetDevice(gpu));
   if (stream_ != nullptr) (void)core::GpuStreamDestroy(stream_);
+  stream_ = nullptr;
   MORI_CHECK_GPU(core::GpuStreamCreate(&stream_));
   streamGpu_ = gpu;
+}
+
+void NicMemory::Prepare(int gpu) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int current = -1;
+  MORI_CHECK_GPU(core::GpuGetDevice(&current));
+  UseGpu(gpu);
+  MORI_CHECK_GPU(core::GpuSetDevice(current));  // the caller's thread keeps its device
 }
 
 void NicMemory::Read(void* dst, uintptr_t src, size_t bytes, bool device, int gpu) {
@@ -66,13 +67,17 @@ void NicMemory::Read(void* dst, uintptr_t src, size_t bytes, bool device, int gp
     std::memcpy(dst, reinterpret_cast<const void*>(src), bytes);
     return;
   }
+  std::lock_guard<std::mutex> lock(mutex_);
   UseGpu(gpu);
-  uint8_t* staging = Staging(bytes);
-  core::GpuStatus s = core::GpuMemcpyAsync(staging, reinterpret_cast<const void*>(src), bytes, stream_);
-  if (s == core::kGpuSuccess) s = core::GpuStreamSynchronize(stream_);
-  MORI_CHECK(s == core::kGpuSuccess, core::ErrorCode::Gpu, "emulated NIC: reading %zu bytes of GPU %d memory at %p: %s",
-             bytes, gpu, reinterpret_cast<void*>(src), core::GpuGetErrorString(s));
-  std::memcpy(dst, staging, bytes);
+  for (size_t done = 0; done < bytes; done += kStagingBytes) {
+    const size_t n = std::min(kStagingBytes, bytes - done);
+    core::GpuStatus s = core::GpuMemcpyAsync(staging_, reinterpret_cast<const void*>(src + done), n, stream_);
+    if (s == core::kGpuSuccess) s = core::GpuStreamSynchronize(stream_);
+    MORI_CHECK(s == core::kGpuSuccess, core::ErrorCode::Gpu,
+               "emulated NIC: reading %zu bytes of GPU %d memory at %p: %s", n, gpu,
+               reinterpret_cast<void*>(src + done), core::GpuGetErrorString(s));
+    std::memcpy(static_cast<uint8_t*>(dst) + done, staging_, n);
+  }
 }
 
 void NicMemory::Write(uintptr_t dst, const void* src, size_t bytes, bool device, int gpu) {
@@ -83,13 +88,17 @@ void NicMemory::Write(uintptr_t dst, const void* src, size_t bytes, bool device,
     core::AtomicFence<core::MemoryOrder::Release, core::Scope::System>();
     return;
   }
+  std::lock_guard<std::mutex> lock(mutex_);
   UseGpu(gpu);
-  uint8_t* staging = Staging(bytes);
-  std::memcpy(staging, src, bytes);
-  core::GpuStatus s = core::GpuMemcpyAsync(reinterpret_cast<void*>(dst), staging, bytes, stream_);
-  if (s == core::kGpuSuccess) s = core::GpuStreamSynchronize(stream_);
-  MORI_CHECK(s == core::kGpuSuccess, core::ErrorCode::Gpu, "emulated NIC: writing %zu bytes of GPU %d memory at %p: %s",
-             bytes, gpu, reinterpret_cast<void*>(dst), core::GpuGetErrorString(s));
+  for (size_t done = 0; done < bytes; done += kStagingBytes) {
+    const size_t n = std::min(kStagingBytes, bytes - done);
+    std::memcpy(staging_, static_cast<const uint8_t*>(src) + done, n);
+    core::GpuStatus s = core::GpuMemcpyAsync(reinterpret_cast<void*>(dst + done), staging_, n, stream_);
+    if (s == core::kGpuSuccess) s = core::GpuStreamSynchronize(stream_);
+    MORI_CHECK(s == core::kGpuSuccess, core::ErrorCode::Gpu,
+               "emulated NIC: writing %zu bytes of GPU %d memory at %p: %s", n, gpu,
+               reinterpret_cast<void*>(dst + done), core::GpuGetErrorString(s));
+  }
 }
 
 uint64_t NicMemory::Atomic(uintptr_t addr, AtomicOp op, uint64_t swapAdd, uint64_t compare, bool device, int gpu) {

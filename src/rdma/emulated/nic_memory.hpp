@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 #include "mori/core/gpu.hpp"
 #include "mori/rdma/device_primitives.hpp"
@@ -22,6 +23,13 @@ class NicMemory {
   // Whether `p` is GPU memory (device memory of a GPU backend), and of which GPU.
   static bool IsDeviceMemory(const void* p, int* gpu);
 
+  // Makes the stream and the pinned staging buffer for `gpu` now. Registering GPU memory calls it, so that
+  // the GPU runtime's allocations happen before kernels use the memory and never on the data path: pinning
+  // host memory can wait for the process's running kernels (seen under CUDA MPS), and a kernel that waits
+  // for this NIC then never finishes. Any thread may call it.
+  void Prepare(int gpu);
+
+  // Copies in pieces of the staging buffer's size: the buffer is made once and never grows.
   void Read(void* dst, uintptr_t src, size_t bytes, bool device, int gpu);
   void Write(uintptr_t dst, const void* src, size_t bytes, bool device, int gpu);
   // 8-byte atomic at `addr` (8-aligned). On host memory it is a CPU atomic, so host threads' atomics on the
@@ -30,12 +38,12 @@ class NicMemory {
   uint64_t Atomic(uintptr_t addr, AtomicOp op, uint64_t swapAdd, uint64_t compare, bool device, int gpu);
 
  private:
-  void UseGpu(int gpu);
-  uint8_t* Staging(size_t bytes);
+  static constexpr size_t kStagingBytes = size_t(4) << 20;
+  void UseGpu(int gpu);  // with mutex_ held
+  std::mutex mutex_;     // the NIC's engine thread and registering threads
   core::GpuStream stream_ = nullptr;
   int streamGpu_ = -1;
-  uint8_t* staging_ = nullptr;
-  size_t stagingBytes_ = 0;
+  uint8_t* staging_ = nullptr;  // kStagingBytes, host-pinned
 };
 
 }  // namespace mori::rdma::emulated

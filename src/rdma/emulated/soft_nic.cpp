@@ -224,6 +224,7 @@ RdmaMemoryRegion SoftNic::RegisterRdmaMemoryRegion(void* ptr, size_t bytes, uint
   r.length = bytes;
   r.access = access;
   r.device = NicMemory::IsDeviceMemory(ptr, &r.gpu);
+  if (r.device) memory_.Prepare(r.gpu);
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& [key, other] : regions_) {
     MORI_CHECK(other.addr != r.addr, core::ErrorCode::InvalidUsage,
