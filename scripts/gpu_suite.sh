@@ -67,12 +67,21 @@ cd "$built_at/build-cuda"
 # GPU take turns), and summarise into $out/summary.txt.
 rc=0
 t=${STEP_TIMEOUT_S:-240}
+# SUITE_DEADLINE_S: seconds after which every step still running is stopped (a device command has a hard
+# limit; stopping before it leaves time to quit MPS and pack the logs).
+left() {
+  local l=$(( ${SUITE_DEADLINE_S:-1000000} - SECONDS ))
+  [ "$l" -gt 1 ] && echo "$l" || echo 1
+}
+bounded() { timeout -k 10 "$(left)" "$@"; }
 run() {  # log name, command... (only the names matching the regular expression STEPS, when given)
   [[ "$1" =~ ${STEPS:-.} ]] || return 0
   local log="$out/$1.log"
   shift
   local start=$SECONDS
-  timeout "$t" "$@" > "$log" 2>&1
+  local limit=$t
+  [ "$(left)" -lt "$limit" ] && limit=$(left)
+  timeout -k 10 "$limit" "$@" > "$log" 2>&1
   local r=$?
   echo "$(basename "$log" .log): exit $r, $((SECONDS - start)) s" | tee -a "$out/summary.txt"
   [ $r -eq 0 ] || rc=1
@@ -104,6 +113,17 @@ bench_shmem() {
   fi
   python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori.csv" "$out/shmem_nvshmem.csv" --one-gpu \
     > "$out/shmem_compare.txt" 2>&1
+  # SHMEM_BENCH_REPEAT=N: N - 1 more rounds of both programs, each compared on its own (how much a ratio of
+  # one run moves between runs).
+  local r
+  for ((r = 2; r <= ${SHMEM_BENCH_REPEAT:-1}; r++)); do
+    run shmem_bench_$r "${mpirun_[@]}" -np 2 ./bench/shmem_bench all --csv "$out/shmem_mori_$r.csv" $args
+    [ -x /tmp/nvshmem_bench ] && run nvshmem_bench_$r "${mpirun_[@]}" -np 2 -x LD_LIBRARY_PATH="$nv/lib" \
+      -x NVSHMEM_DISABLE_NVLS=1 -x NVSHMEM_REMOTE_TRANSPORT=none /tmp/nvshmem_bench all \
+      --csv "$out/shmem_nvshmem_$r.csv" $args
+    python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori_$r.csv" "$out/shmem_nvshmem_$r.csv" --one-gpu \
+      > "$out/shmem_compare_$r.txt" 2>&1
+  done
   [ -f "$out/shmem_mori_nochecks.csv" ] && python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori.csv" \
     "$out/shmem_mori_nochecks.csv" --one-gpu > "$out/shmem_checks_cost.txt" 2>&1
   run fifo_bench ./bench/fifo_bench
@@ -160,35 +180,51 @@ if [ "${ONLY:-}" = channels ]; then
   report_failures
   exit $rc
 fi
-if [ ${#mps_env[@]} -gt 0 ]; then
-  # Under MPS a trap in one client (the bad-input tests trap on purpose) ends every client of the server, so
-  # the jobs that need MPS (several PEs spinning on one GPU at once: mpirun suites and examples) run one at a
-  # time, and the rest, single processes and forked pairs that only need correctness, run beside each other
-  # with contexts of their own (time slices, no MPS).
-  env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY -u CUDA_MPS_ACTIVE_THREAD_PERCENTAGE \
-    ctest --output-on-failure --timeout 300 -LE 'mpi|example' -j ${CTEST_JOBS:-4} ${CTEST_ARGS:-} > "$out/ctest.log" 2>&1
-  rc=$?
-  ctest --output-on-failure --timeout 300 -L 'mpi|example' ${CTEST_ARGS:-} > "$out/ctest_mps.log" 2>&1 || rc=1
-  echo "ctest without MPS: $(grep -E '^[0-9]+% tests passed' "$out/ctest.log"); under MPS: $(grep -E '^[0-9]+% tests passed' "$out/ctest_mps.log")" | tee -a "$out/summary.txt"
-else
-  ctest --output-on-failure --timeout 300 ${CTEST_ARGS:-} > "$out/ctest.log" 2>&1
-  rc=$?
-fi
-{
-  "${mpirun_[@]}" -np 2 ./examples/core/ring_exchange 256m || rc=1
-  ./examples/local_rdma_ops/simple_gpu_interchange 1048576 42 || rc=1
-  ./examples/local_rdma_ops/local_rdma_ops || rc=1
-  for op in write read atomic; do "${mpirun_[@]}" -np 2 ./examples/dist_rdma_ops/dist_rdma_ops $op 16777216 || rc=1; done
-  for transport in p2p rdma; do
-    for ex in shmem_put shmem_put_signal_pingpong shmem_atomic_counter shmem_ring_allgather shmem_all_to_all; do
-      "${mpirun_[@]}" -np 2 -x MORI_SHMEM_TRANSPORT=$transport ./examples/shmem/$ex || rc=1
-    done
-  done
-} > "$out/examples.log" 2>&1
+# BENCH=1: the benchmarks first, on a quiet GPU.
 if [ -n "${BENCH:-}" ]; then
   run rdma_post_rate ./bench/rdma_post_rate ${RDMA_BENCH_ARGS:-}
   bench_shmem
 fi
-tail -n 30 "$out/ctest.log"
-cat "$out/examples.log" "$out/rdma_post_rate.log" "$out/shmem_compare.txt" 2>/dev/null | tail -n 80
+# Tests that end a GPU context or a process on purpose: a kernel that traps (bad input, a bounded wait that
+# runs out) or a peer that gets killed.
+isolated='Trap|Dies|Died|Killed|RunsOut|TimeOutNaming|TimesOutNaming|InvalidConfiguration|OutOfRangeFailTheProxy'
+ctest_summary() { grep -E '^[0-9]+% tests passed' "$1" || echo "no summary (cut off?)"; }
+start=$SECONDS
+if [ ${#mps_env[@]} -gt 0 ]; then
+  # Under MPS a fault in one client (the trap tests trap on purpose) ends every client of the server. Those
+  # tests run first, beside each other, with contexts of their own (time slices, no MPS); everything else, the
+  # mpirun suites and examples included, runs under MPS, several tests at once: their kernels run side by side
+  # instead of waiting for time slices (a kernel spinning on a flag in a time-sliced context waits
+  # milliseconds for its turn, and a test that makes 100000 round trips through the emulated NIC then takes
+  # minutes).
+  bounded env -u CUDA_MPS_PIPE_DIRECTORY -u CUDA_MPS_LOG_DIRECTORY -u CUDA_MPS_ACTIVE_THREAD_PERCENTAGE \
+    ctest --output-on-failure --timeout 300 -R "$isolated" -j "${CTEST_JOBS:-6}" ${CTEST_ARGS:-} \
+    > "$out/ctest_isolated.log" 2>&1 || rc=1
+  echo "ctest, trap and kill tests without MPS: $(ctest_summary "$out/ctest_isolated.log"), $((SECONDS - start)) s" |
+    tee -a "$out/summary.txt"
+  start=$SECONDS
+  bounded ctest --output-on-failure --timeout 300 -E "$isolated" -LE 'mpi|example' -j "${CTEST_JOBS:-6}" \
+    ${CTEST_ARGS:-} > "$out/ctest.log" 2>&1 || rc=1
+  echo "ctest, single processes and forked pairs under MPS: $(ctest_summary "$out/ctest.log"), $((SECONDS - start)) s" |
+    tee -a "$out/summary.txt"
+  # The mpirun suites and examples: two to four PEs each, every one with its proxy and emulated-NIC threads
+  # spinning on the CPU and kernels spinning on the GPU; fewer at once.
+  start=$SECONDS
+  bounded ctest --output-on-failure --timeout 300 -E "$isolated" -L 'mpi|example' -j "${CTEST_MPI_JOBS:-3}" \
+    ${CTEST_ARGS:-} > "$out/ctest_mpi.log" 2>&1 || rc=1
+  echo "ctest, mpirun suites and examples under MPS: $(ctest_summary "$out/ctest_mpi.log"), $((SECONDS - start)) s" |
+    tee -a "$out/summary.txt"
+else
+  bounded ctest --output-on-failure --timeout 300 -j "${CTEST_JOBS:-4}" ${CTEST_ARGS:-} > "$out/ctest.log" 2>&1 || rc=1
+  echo "ctest: $(ctest_summary "$out/ctest.log"), $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+fi
+# ctest runs every example at its test size; these add large messages.
+start=$SECONDS
+{
+  bounded "${mpirun_[@]}" -np 2 ./examples/core/ring_exchange 256m || rc=1
+  for op in write read atomic; do bounded "${mpirun_[@]}" -np 2 ./examples/dist_rdma_ops/dist_rdma_ops $op 16777216 || rc=1; done
+} > "$out/examples.log" 2>&1
+echo "large-message examples: $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+grep -hE "\*\*\*|tests passed|Total Test time" "$out"/ctest*.log | tail -n 40
+cat "$out/summary.txt" "$out/shmem_compare.txt" 2>/dev/null | tail -n 80
 exit $rc
