@@ -22,7 +22,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
-#include "mori/core/proxy.hpp"
+#include "mori/channels/proxy.hpp"
 
 namespace core = mori::core;
 

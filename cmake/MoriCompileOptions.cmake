@@ -82,3 +82,28 @@ function(mori_add_executable name)
   endif()
   target_link_libraries(${name} PRIVATE mori_build_flags ${ARG_LIBS})
 endfunction()
+
+# Run paths of installed files, relative to where each one lands ($ORIGIN), so that the installed tree works
+# from any prefix and after being moved: libraries find each other, programs find the libraries. Directories
+# of outside libraries that a target links from a non-system place (CUDA's runtime, say) are kept as well.
+# The build tree keeps CMake's absolute build run paths.
+function(mori_set_install_rpath dest)
+  if(IS_ABSOLUTE "${dest}")
+    set(full "${dest}")
+  else()
+    set(full "${CMAKE_INSTALL_PREFIX}/${dest}")
+  endif()
+  file(RELATIVE_PATH to_libs "${full}" "${CMAKE_INSTALL_FULL_LIBDIR}")
+  if(to_libs STREQUAL "")
+    set(rpath "$ORIGIN")
+  else()
+    set(rpath "$ORIGIN/${to_libs}")
+  endif()
+  set_target_properties(${ARGN} PROPERTIES INSTALL_RPATH "${rpath}" INSTALL_RPATH_USE_LINK_PATH TRUE)
+endfunction()
+
+# Installs programs into `dest` (under the prefix) with a run path from there to mori's libraries.
+function(mori_install_programs dest)
+  mori_set_install_rpath("${dest}" ${ARGN})
+  install(TARGETS ${ARGN} RUNTIME DESTINATION "${dest}")
+endfunction()

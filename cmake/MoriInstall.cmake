@@ -20,6 +20,14 @@ if(MORI_HAS_MPI)
   set_target_properties(mori_mpi PROPERTIES EXPORT_NAME mpi)
 endif()
 
+# Each shared library finds the others beside it ($ORIGIN), whatever the prefix.
+foreach(target IN LISTS MORI_EXPORTED_TARGETS)
+  get_target_property(type ${target} TYPE)
+  if(type STREQUAL "SHARED_LIBRARY")
+    mori_set_install_rpath(${CMAKE_INSTALL_LIBDIR} ${target})
+  endif()
+endforeach()
+
 install(TARGETS ${MORI_EXPORTED_TARGETS}
   EXPORT moriTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}

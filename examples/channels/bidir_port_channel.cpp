@@ -19,14 +19,14 @@
 #include <vector>
 
 #include "mori/core/bootstrap.hpp"
-#include "mori/core/communicator.hpp"
+#include "mori/channels/communicator.hpp"
 #include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
-#include "mori/core/port_channel.hpp"
-#include "mori/core/proxy.hpp"
+#include "mori/channels/port_channel.hpp"
+#include "mori/channels/proxy.hpp"
 #include "two_ranks.hpp"
 
 namespace core = mori::core;

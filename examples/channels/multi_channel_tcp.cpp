@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "mori/core/bootstrap.hpp"
-#include "mori/core/communicator.hpp"
-#include "mori/core/connection.hpp"
+#include "mori/channels/communicator.hpp"
+#include "mori/channels/connection.hpp"
 #include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"

@@ -1,6 +1,6 @@
 // The communicator: registering memory for transports, moving registered memory between ranks (bytes over the
 // bootstrap, descriptors over the FdChannel), and the Connect handshake in front of each transport's maker.
-#include "mori/core/communicator.hpp"
+#include "mori/channels/communicator.hpp"
 
 #include <unistd.h>
 

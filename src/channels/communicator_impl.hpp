@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "mori/core/bootstrap.hpp"
-#include "mori/core/communicator.hpp"
+#include "mori/channels/communicator.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/host_topology.hpp"
 #include "mori/core/ipc.hpp"

@@ -1,5 +1,5 @@
 // The Connection base: what every transport's connection shares.
-#include "mori/core/connection.hpp"
+#include "mori/channels/connection.hpp"
 
 #include "mori/core/format.hpp"
 

@@ -6,7 +6,7 @@
 
 #include "communicator_impl.hpp"
 #include "mori/core/atomic.hpp"
-#include "mori/core/connection.hpp"
+#include "mori/channels/connection.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"

@@ -1,6 +1,6 @@
 // The host side of a proxy FIFO: the host-pinned ring, the device-side claim counter (head), and the
 // host-pinned popped counter (tail) and failure flag that the producers read.
-#include "mori/core/fifo.hpp"
+#include "mori/channels/fifo.hpp"
 
 #include <cstring>
 

@@ -1,6 +1,6 @@
 // The host side of a memory channel: checks that the pieces fit together (a CudaIpc semaphore, the peer's
 // memory mapped here, local memory to copy from) and fills the device handle that kernels copy through.
-#include "mori/core/memory_channel.hpp"
+#include "mori/channels/memory_channel.hpp"
 
 #include "mori/core/errors.hpp"
 

@@ -1,5 +1,5 @@
 // A port channel's host object: which semaphore, FIFO and memories its device handle names.
-#include "mori/core/port_channel.hpp"
+#include "mori/channels/port_channel.hpp"
 
 #include <utility>
 

@@ -1,6 +1,6 @@
 // The proxy thread (pops one FIFO, hands each trigger to a handler, backs off when idle, fails loudly) and
 // ProxyService, which executes port channel requests over the connections of its semaphores.
-#include "mori/core/proxy.hpp"
+#include "mori/channels/proxy.hpp"
 
 #include <pthread.h>
 #include <sched.h>
@@ -19,7 +19,7 @@
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/logging.hpp"
-#include "mori/core/port_channel.hpp"
+#include "mori/channels/port_channel.hpp"
 #include "mori/core/timeout.hpp"
 
 namespace mori::core {

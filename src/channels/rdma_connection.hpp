@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "mori/core/connection.hpp"
+#include "mori/channels/connection.hpp"
 #include "mori/core/timeout.hpp"
 #include "mori/rdma/rdma.hpp"
 #include "registered_memory_impl.hpp"

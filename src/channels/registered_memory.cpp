@@ -1,6 +1,6 @@
 // RegisteredMemory: accessors, the versioned wire format (registered_memory_impl.hpp describes it) and its
 // validation, mapping a same-host peer's memory, and views carved from a registration.
-#include "mori/core/registered_memory.hpp"
+#include "mori/channels/registered_memory.hpp"
 
 #include <unistd.h>
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "mori/core/ipc_memory.hpp"
-#include "mori/core/registered_memory.hpp"
-#include "mori/core/transport.hpp"
+#include "mori/channels/registered_memory.hpp"
+#include "mori/channels/transport.hpp"
 #include "mori/core/unique_fd.hpp"
 
 namespace mori::core {

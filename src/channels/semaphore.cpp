@@ -6,7 +6,7 @@
 //   +8  expected  signals this side's kernels have consumed
 //   +16 outbound  signals this side's kernels have sent (memory channels)
 // The host side (Semaphore::Signal, Poll, Wait) keeps its own counts.
-#include "mori/core/semaphore.hpp"
+#include "mori/channels/semaphore.hpp"
 
 #include <cstring>
 #include <mutex>

@@ -6,7 +6,7 @@
 #include <memory>
 #include <string>
 
-#include "mori/core/connection.hpp"
+#include "mori/channels/connection.hpp"
 #include "tcp/tcp_link.hpp"
 
 namespace mori::core {

@@ -1,5 +1,5 @@
 // Transport names (parsing them back, case-insensitively) and the printable form of a set of transports.
-#include "mori/core/transport.hpp"
+#include "mori/channels/transport.hpp"
 
 #include <cctype>
 

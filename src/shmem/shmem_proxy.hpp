@@ -9,9 +9,9 @@
 #include <mutex>
 #include <vector>
 
-#include "mori/core/connection.hpp"
-#include "mori/core/proxy.hpp"
-#include "mori/core/registered_memory.hpp"
+#include "mori/channels/connection.hpp"
+#include "mori/channels/proxy.hpp"
+#include "mori/channels/registered_memory.hpp"
 #include "mori/shmem/shmem_proxy_request.hpp"
 
 namespace mori::shmem {

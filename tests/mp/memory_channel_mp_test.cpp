@@ -16,13 +16,13 @@
 #include "../common/test_util.hpp"
 #include "mori/core/atomic.hpp"
 #include "mori/core/bootstrap.hpp"
-#include "mori/core/communicator.hpp"
+#include "mori/channels/communicator.hpp"
 #include "mori/core/device_assert.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
-#include "mori/core/memory_channel.hpp"
+#include "mori/channels/memory_channel.hpp"
 
 namespace mori::core {
 namespace {

@@ -1,6 +1,6 @@
 // The proxy FIFO and the proxy thread in one process: the trigger codec, lap parity, many producers against a
 // slow consumer, multi-slot pushes, a handler that is not ready or throws, draining at StopProxy, bad input.
-#include "mori/core/fifo.hpp"
+#include "mori/channels/fifo.hpp"
 
 #include <gtest/gtest.h>
 
@@ -20,9 +20,9 @@
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/kernel.hpp"
-#include "mori/core/port_channel.hpp"
-#include "mori/core/proxy.hpp"
-#include "mori/core/proxy_trigger.hpp"
+#include "mori/channels/port_channel.hpp"
+#include "mori/channels/proxy.hpp"
+#include "mori/channels/proxy_trigger.hpp"
 #include "registered_memory_impl.hpp"
 
 namespace mori::core {

@@ -16,8 +16,8 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
-#include "mori/core/memory_channel_device.hpp"
-#include "mori/core/packet.hpp"
+#include "mori/channels/memory_channel_device.hpp"
+#include "mori/channels/packet.hpp"
 
 namespace mori::core {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "../common/test_util.hpp"
 #include "mori/core/bootstrap.hpp"
-#include "mori/core/communicator.hpp"
+#include "mori/channels/communicator.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/host_topology.hpp"

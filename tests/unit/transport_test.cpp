@@ -1,7 +1,7 @@
 // Transport names, parsing and sets.
 #include <gtest/gtest.h>
 
-#include "mori/core/transport.hpp"
+#include "mori/channels/transport.hpp"
 
 namespace mori::core {
 namespace {

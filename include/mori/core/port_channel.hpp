@@ -1,30 +1,3 @@
-// A port channel: puts and signals that a kernel asks a proxy (ProxyService) to carry out over a connection
-// (copy engine, RDMA NIC, TCP). Made by ProxyService::PortChannel; its DeviceHandle goes into kernels.
+// Kept for outside programs written against the first release: the header moved to mori/channels/.
 #pragma once
-
-#include <memory>
-
-#include "mori/core/port_channel_device.hpp"
-#include "mori/core/semaphore.hpp"
-
-namespace mori::core {
-
-class PortChannel {
- public:
-  PortChannel() = default;
-  PortChannel(SemaphoreId semaphoreId, std::shared_ptr<Semaphore> semaphore, FifoDeviceHandle fifo, MemoryId dst,
-              MemoryId src);
-
-  PortChannelDeviceHandle DeviceHandle() const;
-  SemaphoreId GetSemaphoreId() const { return semaphoreId_; }
-  const std::shared_ptr<Semaphore>& GetSemaphore() const { return semaphore_; }
-
- private:
-  SemaphoreId semaphoreId_ = 0;
-  std::shared_ptr<Semaphore> semaphore_;
-  FifoDeviceHandle fifo_{};
-  MemoryId dst_ = 0;
-  MemoryId src_ = 0;
-};
-
-}  // namespace mori::core
+#include "mori/channels/port_channel.hpp"

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "mori/core/fifo_device.hpp"
+#include "mori/channels/fifo_device.hpp"
 #include "mori/rdma/queue_handles.hpp"
 
 namespace mori::shmem {

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "mori/core/device.hpp"
-#include "mori/core/proxy_trigger.hpp"
+#include "mori/channels/proxy_trigger.hpp"
 
 namespace mori::shmem {
 

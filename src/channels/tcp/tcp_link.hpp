@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "mori/core/bootstrap.hpp"
-#include "mori/core/connection.hpp"
+#include "mori/channels/connection.hpp"
 #include "mori/core/timeout.hpp"
 #include "socket.hpp"
 #include "tcp/tcp_wire.hpp"

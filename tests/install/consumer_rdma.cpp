@@ -1,4 +1,5 @@
-// Uses the installed headers and library: configuration, environment registry, a bootstrap of one.
+// Links mori::rdma alone (mori::core comes through it): configuration, environment registry, a bootstrap of
+// one, the emulated NIC. Started with a clean environment, it loads only through the installed run paths.
 #include <cstdio>
 
 #include "mori/core/bootstrap.hpp"
@@ -19,7 +20,7 @@ int main() {
   }
   mori::rdma::RdmaContext rdma(mori::rdma::RdmaBackendType::Emulated);
   if (rdma.GetRdmaDeviceList().size() != 1) return 3;
-  std::printf("consumer of mori %s (%s backend): %zu registered variables, ok\n", MORI_VERSION_STRING,
+  std::printf("rdma consumer of mori %s (%s backend): %zu registered variables, ok\n", MORI_VERSION_STRING,
               MORI_BACKEND_NAME, mori::core::EnvRegistry().size());
   return 0;
 }
