@@ -205,6 +205,7 @@ class TcpLink::Impl {
   void SendIov(LinkChannel& ch, iovec* iov, int count, bool abortable);
   void Goodbye(LinkChannel& ch);
   void FrameDone(LinkChannel& ch, uint64_t seq);
+  void Prepared();  // this channel thread's GPU setup is done
   void ThreadEnded();
 
   void ReceiverLoop(LinkChannel& ch);
@@ -228,6 +229,7 @@ class TcpLink::Impl {
 
   std::atomic<bool> stopping_{false};
   int running_ = 0;                // channel threads not yet ended (under stateMutex_)
+  int prepared_ = 0;               // channel threads done with their GPU setup (under stateMutex_)
   mutable std::mutex stateMutex_;  // failure, pending reads and atomics; Flush waits on stateCv_
   std::condition_variable stateCv_;
   ErrorCode failCode_ = ErrorCode::Internal;
@@ -271,6 +273,19 @@ TcpLink::Impl::Impl(const TcpLinkOptions& options, int rank, int peerRank, Estab
       }
       c->sender = std::thread([this, c] { SenderLoop(*c); });
       c->receiver = std::thread([this, c] { ReceiverLoop(*c); });
+    }
+    // The link is handed out only once every channel thread has made its GPU stream and pinned buffers: made
+    // later, beside a kernel that already runs, they can wait for that kernel (pinning memory under CUDA MPS
+    // does), and a kernel waiting for this link then never finishes.
+    std::unique_lock<std::mutex> lock(stateMutex_);
+    const int threads = 2 * static_cast<int>(channels_.size());
+    const bool settled = stateCv_.wait_for(lock, std::chrono::duration<double>(timeoutS_), [&] {
+      return prepared_ == threads || failed_ || running_ < threads;
+    });
+    if (failed_) RethrowLocked();
+    if (!settled || prepared_ != threads) {
+      throw TimeoutError(StrFormat("%s%d of %d channel threads made their GPU stream and buffers within %.0f s",
+                                   Prefix(nullptr).c_str(), prepared_, threads, timeoutS_));
     }
   } catch (...) {
     Stop();
@@ -482,6 +497,7 @@ void TcpLink::Impl::SenderLoop(LinkChannel& ch) {
   try {
     // With a GPU named, the stream and staging are made now rather than in the middle of a transfer.
     if (options_.device >= 0) Bounce(ch.sendBounce, gpu);
+    Prepared();
     while (true) {
       OutFrame f;
       {
@@ -524,6 +540,14 @@ void TcpLink::Impl::FrameDone(LinkChannel& ch, uint64_t seq) {
     { std::lock_guard<std::mutex> lock(stateMutex_); }
     stateCv_.notify_all();
   }
+}
+
+void TcpLink::Impl::Prepared() {
+  {
+    std::lock_guard<std::mutex> lock(stateMutex_);
+    ++prepared_;
+  }
+  stateCv_.notify_all();
 }
 
 void TcpLink::Impl::ThreadEnded() {
@@ -651,6 +675,7 @@ void TcpLink::Impl::ReceiverLoop(LinkChannel& ch) {
       Bounce(ch.recvBounce, gpu);
       gpu.Word();
     }
+    Prepared();
     while (true) {
       FrameHeader h;
       RecvExact(ch, &h, sizeof(h), true);
