@@ -127,6 +127,9 @@ bench_shmem() {
   [ -f "$out/shmem_mori_nochecks.csv" ] && python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori.csv" \
     "$out/shmem_mori_nochecks.csv" --one-gpu > "$out/shmem_checks_cost.txt" 2>&1
   run fifo_bench ./bench/fifo_bench
+  # The port channel's small-message time: two forked ranks put-with-signal to each other through their
+  # proxies over CudaIpc, 1 and 4 KiB, time per round.
+  run port_channel_small ./examples/channels/bidir_port_channel --transport CudaIpc --max-bytes 4k --iters 2000
   if command -v cuobjdump >/dev/null; then
     cuobjdump -res-usage ./bench/shmem_bench > "$out/sass_res_mori.txt" 2>&1
     cuobjdump -sass ./bench/shmem_bench > "$out/sass_mori.txt" 2>&1
@@ -225,6 +228,15 @@ start=$SECONDS
   for op in write read atomic; do bounded "${mpirun_[@]}" -np 2 ./examples/dist_rdma_ops/dist_rdma_ops $op 16777216 || rc=1; done
 } > "$out/examples.log" 2>&1
 echo "large-message examples: $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+# The CUDA build's Debian package, when one was built on the development machine and carried
+# (cmake --build build-cuda --target package; cp build-cuda/mori_*.deb .carry/): extracted into a scratch
+# root, mori-info and a two-PE SHMEM example run from it with a clean environment.
+for deb in "$repo"/.carry/mori_*.deb; do
+  [ -f "$deb" ] || continue
+  version=$(dpkg-deb -f "$deb" Version)
+  run package_deb env MORI_PACKAGE_DEB="$deb" "$repo/tests/package/run_package_test.sh" . /tmp/mori-package-test \
+    "$version" "$(command -v mpirun)"
+done
 grep -hE "\*\*\*|tests passed|Total Test time" "$out"/ctest*.log | tail -n 40
 cat "$out/summary.txt" "$out/shmem_compare.txt" 2>/dev/null | tail -n 80
 exit $rc

@@ -4,15 +4,22 @@
 # not touched), and runs mori-info and a two-PE SHMEM example from there with a clean environment.
 #
 #   run_package_test.sh BUILD_DIR WORK_DIR VERSION [MPIRUN]   (no MPIRUN: the SHMEM example is not run)
+# MORI_PACKAGE_DEB=FILE tests a package built before (the CUDA package, built on the development machine and
+# carried to the GPU machine) instead of building one.
 set -euo pipefail
 build=$1 work=$2 version=$3 mpirun=${4:-}
 fail() { echo "package test: $*" >&2; exit 1; }
 
-deb="$build/mori_${version}_$(dpkg --print-architecture).deb"
-rm -rf "$work" "$deb"
+rm -rf "$work"
 mkdir -p "$work/root"
-cmake --build "$build" --target package > "$work/package.log" 2>&1 || { tail -n 40 "$work/package.log"; fail "building the package failed"; }
-[ -f "$deb" ] || fail "no $deb after building the package"
+if [ -n "${MORI_PACKAGE_DEB:-}" ]; then
+  deb=$MORI_PACKAGE_DEB
+else
+  deb="$build/mori_${version}_$(dpkg --print-architecture).deb"
+  rm -f "$deb"
+  cmake --build "$build" --target package > "$work/package.log" 2>&1 || { tail -n 40 "$work/package.log"; fail "building the package failed"; }
+fi
+[ -f "$deb" ] || fail "no $deb"
 echo "package: $(basename "$deb"), $(stat -c %s "$deb") bytes"
 
 depends=$(dpkg-deb -f "$deb" Depends)
