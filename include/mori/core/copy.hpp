@@ -38,7 +38,11 @@ MORI_DEVICE_INLINE void CopyVectors(Vec16* dv, const Vec16* sv, Index count, Ind
     dv[i + 3 * n] = v3;
   }
   // At most three vectors are left for this thread: their loads go out together too (a block copying 32 KiB
-  // has two vectors per thread, and one at a time would wait for memory twice).
+  // has two vectors per thread, and one at a time would wait for memory twice). hipcc 5.2's AMDGPU backend
+  // fails on these predicated loads in some kernels ("failed to annotate CFG"): HIP keeps the plain loop.
+#if MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
+  for (; i < count; i += n) dv[i] = sv[i];
+#else
   if (i < count) {
     const bool has1 = i + n < count, has2 = i + 2 * n < count;
     Vec16 v0 = sv[i], v1{}, v2{};
@@ -48,6 +52,7 @@ MORI_DEVICE_INLINE void CopyVectors(Vec16* dv, const Vec16* sv, Index count, Ind
     if (has1) dv[i + n] = v1;
     if (has2) dv[i + 2 * n] = v2;
   }
+#endif
 }
 
 // Thread `rank` of `n` copies its share of [src, src + bytes) to dst; the copy is whole once all n did.

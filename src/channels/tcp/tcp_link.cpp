@@ -205,7 +205,7 @@ class TcpLink::Impl {
   void SendIov(LinkChannel& ch, iovec* iov, int count, bool abortable);
   void Goodbye(LinkChannel& ch);
   void FrameDone(LinkChannel& ch, uint64_t seq);
-  void Prepared();  // this channel thread's GPU setup is done
+  void Prepared();  // this channel thread's GPU setup is over (done, failed, or skipped by a stop)
   void ThreadEnded();
 
   void ReceiverLoop(LinkChannel& ch);
@@ -229,7 +229,7 @@ class TcpLink::Impl {
 
   std::atomic<bool> stopping_{false};
   int running_ = 0;                // channel threads not yet ended (under stateMutex_)
-  int prepared_ = 0;               // channel threads done with their GPU setup (under stateMutex_)
+  int prepared_ = 0;               // channel threads past their GPU setup (under stateMutex_)
   mutable std::mutex stateMutex_;  // failure, pending reads and atomics; Flush waits on stateCv_
   std::condition_variable stateCv_;
   ErrorCode failCode_ = ErrorCode::Internal;
@@ -279,11 +279,9 @@ TcpLink::Impl::Impl(const TcpLinkOptions& options, int rank, int peerRank, Estab
     // does), and a kernel waiting for this link then never finishes.
     std::unique_lock<std::mutex> lock(stateMutex_);
     const int threads = 2 * static_cast<int>(channels_.size());
-    const bool settled = stateCv_.wait_for(lock, std::chrono::duration<double>(timeoutS_), [&] {
-      return prepared_ == threads || failed_ || running_ < threads;
-    });
-    if (failed_) RethrowLocked();
-    if (!settled || prepared_ != threads) {
+    // A failure (a setup that threw, a peer that failed the link at once) is reported by the calls that
+    // follow, as any failure after setup.
+    if (!stateCv_.wait_for(lock, std::chrono::duration<double>(timeoutS_), [&] { return prepared_ == threads; })) {
       throw TimeoutError(StrFormat("%s%d of %d channel threads made their GPU stream and buffers within %.0f s",
                                    Prefix(nullptr).c_str(), prepared_, threads, timeoutS_));
     }
@@ -493,11 +491,13 @@ void TcpLink::Impl::InjectRaw(int channel, std::vector<uint8_t> bytes) {
 
 void TcpLink::Impl::SenderLoop(LinkChannel& ch) {
   GpuLane gpu(options_.device);
+  bool settled = false;
   const uint64_t window = static_cast<uint64_t>(options_.windowChunks);
   try {
     // With a GPU named, the stream and staging are made now rather than in the middle of a transfer.
     if (options_.device >= 0) Bounce(ch.sendBounce, gpu);
     Prepared();
+    settled = true;
     while (true) {
       OutFrame f;
       {
@@ -530,6 +530,7 @@ void TcpLink::Impl::SenderLoop(LinkChannel& ch) {
     Fail(&ch, ErrorCode::Internal, e.what(), false);
   }
   Goodbye(ch);
+  if (!settled) Prepared();  // its setup failed or it stopped first: the constructor need not wait
   ThreadEnded();
 }
 
@@ -670,12 +671,14 @@ void TcpLink::Impl::Goodbye(LinkChannel& ch) {
 
 void TcpLink::Impl::ReceiverLoop(LinkChannel& ch) {
   GpuLane gpu(options_.device);
+  bool settled = false;
   try {
     if (options_.device >= 0) {
       Bounce(ch.recvBounce, gpu);
       gpu.Word();
     }
     Prepared();
+    settled = true;
     while (true) {
       FrameHeader h;
       RecvExact(ch, &h, sizeof(h), true);
@@ -687,6 +690,7 @@ void TcpLink::Impl::ReceiverLoop(LinkChannel& ch) {
   } catch (const std::exception& e) {
     if (!stopping_) Fail(&ch, ErrorCode::Internal, e.what(), false);
   }
+  if (!settled) Prepared();  // its setup failed or it stopped first: the constructor need not wait
   ThreadEnded();
 }
 
