@@ -95,9 +95,6 @@ report_failures() {
 # BASELINES.md describes.
 bench_shmem() {
   local args=${SHMEM_BENCH_ARGS:-}
-  run shmem_bench "${mpirun_[@]}" -np 2 ./bench/shmem_bench all --csv "$out/shmem_mori.csv" $args
-  [ -x ./bench/shmem_bench_nochecks ] &&
-    run shmem_bench_nochecks "${mpirun_[@]}" -np 2 ./bench/shmem_bench_nochecks all --csv "$out/shmem_mori_nochecks.csv" $args
   local nv=${NVSHMEM_HOME:-/opt/torch/.venv/lib/python3.12/site-packages/nvidia/nvshmem}
   if [ -d "$nv/include" ]; then
     local mpi_inc mpi_lib
@@ -106,24 +103,21 @@ bench_shmem() {
     run nvshmem_build nvcc -O3 -std=c++17 -rdc=true -arch=sm_90 -I"$nv/include" $mpi_inc "$repo/bench/nvshmem_bench.cu" \
       "$nv/lib/libnvshmem_device.a" -Xlinker "$nv/lib/libnvshmem_host.so.3" $mpi_lib -lmpi -lcuda \
       -Xlinker -rpath="$nv/lib" -o /tmp/nvshmem_bench
-    if [ -x /tmp/nvshmem_bench ]; then
-      run nvshmem_bench "${mpirun_[@]}" -np 2 -x LD_LIBRARY_PATH="$nv/lib" -x NVSHMEM_DISABLE_NVLS=1 \
-        -x NVSHMEM_REMOTE_TRANSPORT=none /tmp/nvshmem_bench all --csv "$out/shmem_nvshmem.csv" $args
-    fi
   fi
-  python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori.csv" "$out/shmem_nvshmem.csv" --one-gpu \
-    > "$out/shmem_compare.txt" 2>&1
-  # SHMEM_BENCH_REPEAT=N: N - 1 more rounds of both programs, each compared on its own (how much a ratio of
-  # one run moves between runs).
-  local r
-  for ((r = 2; r <= ${SHMEM_BENCH_REPEAT:-1}; r++)); do
-    run shmem_bench_$r "${mpirun_[@]}" -np 2 ./bench/shmem_bench all --csv "$out/shmem_mori_$r.csv" $args
-    [ -x /tmp/nvshmem_bench ] && run nvshmem_bench_$r "${mpirun_[@]}" -np 2 -x LD_LIBRARY_PATH="$nv/lib" \
+  # Both programs back to back, compared; SHMEM_BENCH_REPEAT=N rounds, each compared on its own (how much a
+  # ratio of one run moves between runs). Round 1's files have no suffix.
+  local r sfx
+  for ((r = 1; r <= ${SHMEM_BENCH_REPEAT:-1}; r++)); do
+    sfx=$([ "$r" -gt 1 ] && echo "_$r")
+    run shmem_bench$sfx "${mpirun_[@]}" -np 2 ./bench/shmem_bench all --csv "$out/shmem_mori$sfx.csv" $args
+    [ -x /tmp/nvshmem_bench ] && run nvshmem_bench$sfx "${mpirun_[@]}" -np 2 -x LD_LIBRARY_PATH="$nv/lib" \
       -x NVSHMEM_DISABLE_NVLS=1 -x NVSHMEM_REMOTE_TRANSPORT=none /tmp/nvshmem_bench all \
-      --csv "$out/shmem_nvshmem_$r.csv" $args
-    python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori_$r.csv" "$out/shmem_nvshmem_$r.csv" --one-gpu \
-      > "$out/shmem_compare_$r.txt" 2>&1
+      --csv "$out/shmem_nvshmem$sfx.csv" $args
+    python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori$sfx.csv" "$out/shmem_nvshmem$sfx.csv" --one-gpu \
+      > "$out/shmem_compare$sfx.txt" 2>&1
   done
+  [ -x ./bench/shmem_bench_nochecks ] &&
+    run shmem_bench_nochecks "${mpirun_[@]}" -np 2 ./bench/shmem_bench_nochecks all --csv "$out/shmem_mori_nochecks.csv" $args
   [ -f "$out/shmem_mori_nochecks.csv" ] && python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori.csv" \
     "$out/shmem_mori_nochecks.csv" --one-gpu > "$out/shmem_checks_cost.txt" 2>&1
   run fifo_bench ./bench/fifo_bench

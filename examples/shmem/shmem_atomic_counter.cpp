@@ -1,8 +1,7 @@
 // shmem_atomic_counter: remote atomics under contention. Every thread of every PE fetch-adds its own amount
 // to a 64-bit counter on every PE, and draws tickets (on a GPU one thread per warp) from a 32-bit counter on
-// PE 0 with fetch-inc. Each
-// ticket is marked by swapping the drawer's id into PE 0's ticket array, so a ticket handed out twice shows
-// as a swap that finds a mark already there. Afterwards every PE checks its 64-bit total exactly, and PE 0
+// PE 0 with fetch-inc. Each ticket is marked by swapping the drawer's id into PE 0's ticket array, so a
+// ticket handed out twice shows as a swap that finds a mark already there. Afterwards every PE checks its 64-bit total exactly, and PE 0
 // checks its ticket counter and that every ticket was drawn once, each thread holding exactly its share.
 //
 //   mpirun -np 4 ./shmem_atomic_counter [iterations]

@@ -61,6 +61,13 @@ void NicMemory::Prepare(int gpu) {
   MORI_CHECK_GPU(core::GpuSetDevice(current));  // the caller's thread keeps its device
 }
 
+void NicMemory::CopyOnStream(void* dst, const void* src, size_t bytes, const char* what, uintptr_t gpuAddr, int gpu) {
+  core::GpuStatus s = core::GpuMemcpyAsync(dst, src, bytes, stream_);
+  if (s == core::kGpuSuccess) s = core::GpuStreamSynchronize(stream_);
+  MORI_CHECK(s == core::kGpuSuccess, core::ErrorCode::Gpu, "emulated NIC: %s %zu bytes of GPU %d memory at %p: %s",
+             what, bytes, gpu, reinterpret_cast<void*>(gpuAddr), core::GpuGetErrorString(s));
+}
+
 void NicMemory::Read(void* dst, uintptr_t src, size_t bytes, bool device, int gpu) {
   if (bytes == 0) return;
   if (!device) {
@@ -71,11 +78,7 @@ void NicMemory::Read(void* dst, uintptr_t src, size_t bytes, bool device, int gp
   UseGpu(gpu);
   for (size_t done = 0; done < bytes; done += kStagingBytes) {
     const size_t n = std::min(kStagingBytes, bytes - done);
-    core::GpuStatus s = core::GpuMemcpyAsync(staging_, reinterpret_cast<const void*>(src + done), n, stream_);
-    if (s == core::kGpuSuccess) s = core::GpuStreamSynchronize(stream_);
-    MORI_CHECK(s == core::kGpuSuccess, core::ErrorCode::Gpu,
-               "emulated NIC: reading %zu bytes of GPU %d memory at %p: %s", n, gpu,
-               reinterpret_cast<void*>(src + done), core::GpuGetErrorString(s));
+    CopyOnStream(staging_, reinterpret_cast<const void*>(src + done), n, "reading", src + done, gpu);
     std::memcpy(static_cast<uint8_t*>(dst) + done, staging_, n);
   }
 }
@@ -93,11 +96,7 @@ void NicMemory::Write(uintptr_t dst, const void* src, size_t bytes, bool device,
   for (size_t done = 0; done < bytes; done += kStagingBytes) {
     const size_t n = std::min(kStagingBytes, bytes - done);
     std::memcpy(staging_, static_cast<const uint8_t*>(src) + done, n);
-    core::GpuStatus s = core::GpuMemcpyAsync(reinterpret_cast<void*>(dst + done), staging_, n, stream_);
-    if (s == core::kGpuSuccess) s = core::GpuStreamSynchronize(stream_);
-    MORI_CHECK(s == core::kGpuSuccess, core::ErrorCode::Gpu,
-               "emulated NIC: writing %zu bytes of GPU %d memory at %p: %s", n, gpu,
-               reinterpret_cast<void*>(dst + done), core::GpuGetErrorString(s));
+    CopyOnStream(reinterpret_cast<void*>(dst + done), staging_, n, "writing", dst + done, gpu);
   }
 }
 
