@@ -12,6 +12,7 @@
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/logging.hpp"
 #include "mori/core/timeout.hpp"
+#include "proxy_copy.hpp"
 
 namespace mori::core {
 
@@ -189,8 +190,9 @@ class CudaIpcConnection final : public Connection {
                                                       GpuGetErrorString(s)));
       }
       if (deadline.Expired()) {
-        throw TimeoutError(StrFormat("%s: the copies issued before %s did not complete within %.3f s",
-                                     Describe().c_str(), why, deadline.TotalSeconds()));
+        throw TimeoutError(StrFormat("%s: the copies issued before %s did not complete within %.3f s%s",
+                                     Describe().c_str(), why, deadline.TotalSeconds(),
+                                     SlowProxyCopyHint(deadline.TotalSeconds()).c_str()));
       }
       std::this_thread::yield();
     }

@@ -1,7 +1,9 @@
 // GpuBuffer allocation on the backend in use, export of ranges for IPC, and the validation of handles.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "../common/test_util.hpp"
@@ -9,6 +11,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/ipc_memory.hpp"
+#include "proxy_copy.hpp"
 
 namespace mori::core {
 namespace {
@@ -121,6 +124,27 @@ TEST_F(GpuBufferTest, MalformedHandlesAreRefusedWithoutMapping) {
   h.kind = 99;
   expectProtocolError(h, needsFd, "unknown kind");
   if (needsFd) expectProtocolError(good, false, "descriptor missing");
+}
+
+// The copy that proxies make for waiting kernels: it copies, times itself, and a slow one names the cause.
+TEST_F(GpuBufferTest, TimedStreamCopyCopiesAndSlowOnesNameTheCause) {
+  GpuBuffer device(4096, MemoryType::Device);
+  std::vector<uint8_t> pattern(4096), back(4096, 0);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i * 7 + 3);
+  GpuStream stream{};
+  ASSERT_EQ(GpuStreamCreate(&stream), kGpuSuccess);
+  double up = -1, down = -1;
+  EXPECT_EQ(TimedStreamCopy(device.Data(), pattern.data(), 4000, stream, &up), kGpuSuccess);
+  EXPECT_EQ(TimedStreamCopy(back.data(), device.Data(), 4000, stream, &down), kGpuSuccess);
+  EXPECT_EQ(GpuStreamDestroy(stream), kGpuSuccess);
+  EXPECT_TRUE(std::equal(pattern.begin(), pattern.begin() + 4000, back.begin()));
+  EXPECT_TRUE(std::all_of(back.begin() + 4000, back.end(), [](uint8_t b) { return b == 0; }));  // nothing past it
+  EXPECT_GE(up, 0.0);
+  EXPECT_GE(down, 0.0);
+  EXPECT_EQ(SlowProxyCopyHint(kSlowProxyCopyS / 2), "");
+  const std::string hint = SlowProxyCopyHint(12.25);
+  EXPECT_NE(hint.find("took 12.2 s"), std::string::npos) << hint;
+  EXPECT_NE(hint.find("cudaFree"), std::string::npos) << hint;
 }
 
 }  // namespace

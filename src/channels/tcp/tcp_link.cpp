@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -25,6 +26,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/logging.hpp"
+#include "proxy_copy.hpp"
 #include "tcp/tcp_registry.hpp"
 #include "tcp/tcp_setup.hpp"
 
@@ -91,7 +93,8 @@ struct OutFrame {
 // spinning until this very data arrives).
 class GpuLane {
  public:
-  explicit GpuLane(int device) : device_(device) {}
+  // label: names the link and channel in reports (called only then: the link's name settles after setup).
+  GpuLane(int device, std::function<std::string()> label) : device_(device), label_(std::move(label)) {}
   ~GpuLane() {
     if (stream_ != nullptr) (void)GpuStreamDestroy(stream_);
   }
@@ -106,10 +109,16 @@ class GpuLane {
     ready_ = true;
   }
 
+  // A copy held up for seconds says why it probably was (proxy_copy.hpp), when it fails or when it is done.
   void Copy(void* dst, const void* src, size_t bytes) {
     Ensure();
-    MORI_CHECK_GPU(GpuMemcpyAsync(dst, src, bytes, stream_));
-    MORI_CHECK_GPU(GpuStreamSynchronize(stream_));
+    double seconds = 0;
+    GpuStatus s = TimedStreamCopy(dst, src, bytes, stream_, &seconds);
+    MORI_CHECK(s == kGpuSuccess, ErrorCode::Gpu, "%s: copying %zu bytes between GPU and host memory failed: %s%s",
+               label_().c_str(), bytes, GpuGetErrorString(s), SlowProxyCopyHint(seconds).c_str());
+    if (seconds >= kSlowProxyCopyS)
+      MORI_LOG_WARN(Net, "%s: copying %zu bytes between GPU and host memory%s", label_().c_str(), bytes,
+                    SlowProxyCopyHint(seconds).c_str());
   }
 
   // A pinned word for the read-modify-write of device words (pageable memory would make the copy synchronous
@@ -122,6 +131,7 @@ class GpuLane {
 
  private:
   int device_;
+  std::function<std::string()> label_;
   bool ready_ = false;
   GpuStream stream_ = nullptr;
   std::unique_ptr<GpuBuffer> word_;
@@ -490,7 +500,7 @@ void TcpLink::Impl::InjectRaw(int channel, std::vector<uint8_t> bytes) {
 // Sending (one thread per channel)
 
 void TcpLink::Impl::SenderLoop(LinkChannel& ch) {
-  GpuLane gpu(options_.device);
+  GpuLane gpu(options_.device, [this, &ch] { return Prefix(&ch); });
   bool settled = false;
   const uint64_t window = static_cast<uint64_t>(options_.windowChunks);
   try {
@@ -670,7 +680,7 @@ void TcpLink::Impl::Goodbye(LinkChannel& ch) {
 // Receiving (one thread per channel)
 
 void TcpLink::Impl::ReceiverLoop(LinkChannel& ch) {
-  GpuLane gpu(options_.device);
+  GpuLane gpu(options_.device, [this, &ch] { return Prefix(&ch); });
   bool settled = false;
   try {
     if (options_.device >= 0) {

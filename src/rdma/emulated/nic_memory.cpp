@@ -5,6 +5,8 @@
 
 #include "mori/core/dma_copy.hpp"
 #include "mori/core/errors.hpp"
+#include "mori/core/logging.hpp"
+#include "proxy_copy.hpp"
 
 namespace mori::rdma::emulated {
 
@@ -62,10 +64,14 @@ void NicMemory::Prepare(int gpu) {
 }
 
 void NicMemory::CopyOnStream(void* dst, const void* src, size_t bytes, const char* what, uintptr_t gpuAddr, int gpu) {
-  core::GpuStatus s = core::GpuMemcpyAsync(dst, src, bytes, stream_);
-  if (s == core::kGpuSuccess) s = core::GpuStreamSynchronize(stream_);
-  MORI_CHECK(s == core::kGpuSuccess, core::ErrorCode::Gpu, "emulated NIC: %s %zu bytes of GPU %d memory at %p: %s",
-             what, bytes, gpu, reinterpret_cast<void*>(gpuAddr), core::GpuGetErrorString(s));
+  double seconds = 0;
+  core::GpuStatus s = core::TimedStreamCopy(dst, src, bytes, stream_, &seconds);
+  MORI_CHECK(s == core::kGpuSuccess, core::ErrorCode::Gpu, "emulated NIC: %s %zu bytes of GPU %d memory at %p: %s%s",
+             what, bytes, gpu, reinterpret_cast<void*>(gpuAddr), core::GpuGetErrorString(s),
+             core::SlowProxyCopyHint(seconds).c_str());
+  if (seconds >= core::kSlowProxyCopyS)
+    MORI_LOG_WARN(Rdma, "emulated NIC: %s %zu bytes of GPU %d memory at %p%s", what, bytes, gpu,
+                  reinterpret_cast<void*>(gpuAddr), core::SlowProxyCopyHint(seconds).c_str());
 }
 
 void NicMemory::Read(void* dst, uintptr_t src, size_t bytes, bool device, int gpu) {
