@@ -40,7 +40,8 @@ int TransportChoiceIndex(const std::string& choice) {
 
 // Where the device-visible control words live: one allocation, carved.
 struct ControlLayout {
-  size_t transports, peerBases, remoteBases, rkeys, queues, fetchTicket, fetchTurn, barrierSeq, localRegions, total;
+  size_t transports, peerBases, remoteBases, rkeys, queues, fetchTicket, fetchTurn, barrierSeq, localRegions, teams,
+      teamMembers, teamSyncSeq, total;
 };
 
 ControlLayout LayOutControl(int nPes, uint32_t qps) {
@@ -61,6 +62,9 @@ ControlLayout LayOutControl(int nPes, uint32_t qps) {
   l.fetchTurn = take(kShmemFetchSlots * sizeof(uint32_t));
   l.barrierSeq = take(sizeof(uint64_t));
   l.localRegions = take(kShmemMaxLocalRegions * sizeof(ShmemLocalRegion));
+  l.teams = take(kShmemMaxTeams * sizeof(ShmemTeamState));
+  l.teamMembers = take(kShmemMaxTeams * n * sizeof(int32_t));
+  l.teamSyncSeq = take(kShmemMaxTeams * sizeof(uint64_t));
   l.total = (at + 4095) / 4096 * 4096;
   return l;
 }
@@ -197,6 +201,11 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
   if (anyProxy) SetUpProxy(device);
 
   BuildDeviceState();
+  teams_.assign(kShmemMaxTeams, Team{});
+  std::vector<int> world(static_cast<size_t>(nPes_));
+  for (int pe = 0; pe < nPes_; ++pe) world[static_cast<size_t>(pe)] = pe;
+  InstallTeam(static_cast<uint32_t>(kShmemTeamWorld), world);
+  InstallTeam(static_cast<uint32_t>(kShmemTeamNode), topology_.localRanks);
   PublishDeviceState(state_);
   bootstrap_->Barrier();
 
@@ -356,6 +365,10 @@ void Runtime::BuildDeviceState() {
   state_.barrierSeq = reinterpret_cast<uint64_t*>(base + l.barrierSeq);
   deviceLocalRegions_ = reinterpret_cast<ShmemLocalRegion*>(base + l.localRegions);
   state_.localRegions = deviceLocalRegions_;
+  deviceTeams_ = reinterpret_cast<ShmemTeamState*>(base + l.teams);
+  deviceTeamMembers_ = reinterpret_cast<int32_t*>(base + l.teamMembers);
+  state_.teams = deviceTeams_;
+  state_.teamSyncSeq = reinterpret_cast<uint64_t*>(base + l.teamSyncSeq);
   // The inline window of mapped bases: all mapped PEs when they fit in one window, else the window around
   // this PE.
   int lo = rank_, hi = rank_;
@@ -504,6 +517,20 @@ void Runtime::Barrier() {
   bootstrap_->Barrier();
 }
 
+bool Runtime::LocalReachable(const void* p, size_t bytes, int pe) {
+  TransportType t = Transport(pe);
+  if (t == TransportType::Self || t == TransportType::P2P) return true;
+  auto inside = [a = reinterpret_cast<uintptr_t>(p), bytes](uintptr_t base, uint64_t size) {
+    return a >= base && bytes <= size && a - base <= size - bytes;
+  };
+  if (inside(reinterpret_cast<uintptr_t>(heap_.Data()), heapBytes_)) return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& r : localRegions_) {
+    if (inside(r.base, r.bytes)) return true;
+  }
+  return false;
+}
+
 void Runtime::RegisterBuffer(void* ptr, size_t bytes) {
   std::lock_guard<std::mutex> lock(mutex_);
   MORI_CHECK(ptr != nullptr && bytes > 0, ErrorCode::InvalidUsage, "ShmemBufferRegister(%p, %zu): empty buffer", ptr,
@@ -538,6 +565,188 @@ void Runtime::UploadLocalRegions() {
   std::copy(localRegions_.begin(), localRegions_.end(), table.begin());
   MORI_CHECK_GPU(core::GpuMemcpy(deviceLocalRegions_, table.data(), table.size() * sizeof(ShmemLocalRegion)));
   MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+}
+
+}  // namespace mori::shmem
+
+// ---------------------------------------------------------------------------------------------------------
+// Teams
+
+namespace mori::shmem {
+
+namespace {
+// Bootstrap tags of the team collectives, one per slot: a sync of one team never takes another's message.
+constexpr int kTeamSyncTag = 0x5400;   // + slot
+constexpr int kTeamSplitTag = 0x5440;  // + parent slot
+
+// What every member of the parent says in a split; the first member checks that all say the same.
+struct SplitNote {
+  int32_t start, stride, size;
+  uint32_t reserved;
+  uint64_t usedSlots;  // bit i: this PE holds a team in slot i
+};
+// The first member's answer: the slot of the new team, or why there is none.
+struct SplitAnswer {
+  int32_t slot;    // >= 0, or -1
+  int32_t badPe;   // the first PE whose arguments differ from the first member's, -1 when none
+  SplitNote first; // the first member's arguments (for the message)
+  SplitNote bad;   // the differing PE's
+};
+}  // namespace
+
+void Runtime::InstallTeam(uint32_t id, std::vector<int> members) {
+  Team& t = teams_[id];
+  t.members = std::move(members);
+  auto it = std::find(t.members.begin(), t.members.end(), rank_);
+  t.myIndex = it == t.members.end() ? -1 : static_cast<int>(it - t.members.begin());
+  ShmemTeamState d{};
+  d.size = static_cast<int32_t>(t.members.size());
+  d.myIndex = t.myIndex;
+  d.start = t.members.empty() ? 0 : t.members[0];
+  d.stride = t.members.size() > 1 ? t.members[1] - t.members[0] : 1;
+  for (size_t i = 1; i < t.members.size() && d.stride > 0; ++i) {
+    if (t.members[i] - t.members[i - 1] != d.stride) d.stride = 0;  // not evenly spaced: the table answers
+  }
+  int32_t* table = deviceTeamMembers_ + static_cast<size_t>(id) * static_cast<size_t>(nPes_);
+  d.members = table;
+  std::vector<int32_t> m(t.members.begin(), t.members.end());
+  const uint64_t zero = 0;
+  if (!m.empty()) MORI_CHECK_GPU(core::GpuMemcpy(table, m.data(), m.size() * sizeof(int32_t)));
+  MORI_CHECK_GPU(core::GpuMemcpy(deviceTeams_ + id, &d, sizeof(d)));
+  MORI_CHECK_GPU(core::GpuMemcpy(state_.teamSyncSeq + id, &zero, sizeof(zero)));
+  MORI_CHECK_GPU(core::GpuMemcpy(heap_.DataAs<uint8_t>() + kShmemTeamSyncOffset + id * sizeof(uint64_t), &zero,
+                                 sizeof(zero)));
+  MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+}
+
+void Runtime::TeamBarrier(const std::vector<int>& members, int tag) {
+  const int leader = members.front();
+  uint8_t token = 1;
+  if (rank_ == leader) {
+    for (int pe : members) {
+      if (pe != rank_) bootstrap_->Recv(&token, 1, pe, tag);
+    }
+    for (int pe : members) {
+      if (pe != rank_) bootstrap_->Send(&token, 1, pe, tag);
+    }
+  } else {
+    bootstrap_->Send(&token, 1, leader, tag);
+    bootstrap_->Recv(&token, 1, leader, tag);
+  }
+}
+
+const Runtime::Team* Runtime::TeamAt(ShmemTeam team) const {
+  const auto id = static_cast<uint32_t>(team);
+  if (id >= teams_.size() || teams_[id].members.empty()) return nullptr;
+  return &teams_[id];
+}
+
+int Runtime::TeamMyPe(ShmemTeam team) const {
+  const Team* t = TeamAt(team);
+  return t == nullptr ? -1 : t->myIndex;
+}
+
+int Runtime::TeamNPes(ShmemTeam team) const {
+  const Team* t = TeamAt(team);
+  return t == nullptr ? -1 : static_cast<int>(t->members.size());
+}
+
+int Runtime::TeamTranslatePe(ShmemTeam from, int pe, ShmemTeam to) const {
+  const Team* f = TeamAt(from);
+  const Team* t = TeamAt(to);
+  if (f == nullptr || t == nullptr || pe < 0 || pe >= static_cast<int>(f->members.size())) return -1;
+  auto it = std::lower_bound(t->members.begin(), t->members.end(), f->members[static_cast<size_t>(pe)]);
+  if (it == t->members.end() || *it != f->members[static_cast<size_t>(pe)]) return -1;
+  return static_cast<int>(it - t->members.begin());
+}
+
+ShmemTeam Runtime::SplitStrided(ShmemTeam parent, int start, int stride, int size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Team* p = TeamAt(parent);
+  MORI_CHECK(p != nullptr && p->myIndex >= 0, ErrorCode::InvalidUsage,
+             "ShmemTeamSplitStrided on PE %d: parent team %d is not a team this PE belongs to", rank_,
+             static_cast<int>(parent));
+  const std::vector<int> parentMembers = p->members;
+  const int n = static_cast<int>(parentMembers.size());
+  uint64_t used = 0;
+  for (uint32_t i = 0; i < kShmemMaxTeams; ++i) used |= teams_[i].members.empty() ? 0 : uint64_t{1} << i;
+  SplitNote mine{start, stride, size, 0, used};
+  SplitAnswer answer{};
+  const int tag = kTeamSplitTag + static_cast<int>(parent);
+  const int leader = parentMembers.front();
+  if (rank_ == leader) {
+    answer.slot = -1;
+    answer.badPe = -1;
+    answer.first = mine;
+    uint64_t all = used;
+    for (int pe : parentMembers) {
+      if (pe == rank_) continue;
+      SplitNote theirs{};
+      bootstrap_->Recv(&theirs, sizeof(theirs), pe, tag);
+      all |= theirs.usedSlots;
+      if (answer.badPe < 0 && (theirs.start != start || theirs.stride != stride || theirs.size != size)) {
+        answer.badPe = pe;
+        answer.bad = theirs;
+      }
+    }
+    for (uint32_t i = 0; i < kShmemMaxTeams; ++i) {
+      if ((all >> i & 1) == 0) {
+        answer.slot = static_cast<int32_t>(i);
+        break;
+      }
+    }
+    for (int pe : parentMembers) {
+      if (pe != rank_) bootstrap_->Send(&answer, sizeof(answer), pe, tag);
+    }
+  } else {
+    bootstrap_->Send(&mine, sizeof(mine), leader, tag);
+    bootstrap_->Recv(&answer, sizeof(answer), leader, tag);
+  }
+  // Every member reaches the same verdict from the same answer.
+  MORI_CHECK(answer.badPe < 0, ErrorCode::InvalidUsage,
+             "ShmemTeamSplitStrided is collective with the same arguments on every member of team %d: PE %d gave "
+             "(start %d, stride %d, size %d), PE %d gave (start %d, stride %d, size %d)",
+             static_cast<int>(parent), leader, answer.first.start, answer.first.stride, answer.first.size,
+             answer.badPe, answer.bad.start, answer.bad.stride, answer.bad.size);
+  const long long last = static_cast<long long>(start) + static_cast<long long>(size - 1) * stride;
+  MORI_CHECK(size >= 1 && start >= 0 && stride >= 1 && last < n, ErrorCode::InvalidUsage,
+             "ShmemTeamSplitStrided(team %d, start %d, stride %d, size %d): the members must lie in the parent's "
+             "[0, %d) with stride >= 1 and size >= 1",
+             static_cast<int>(parent), start, stride, size, n);
+  MORI_CHECK(answer.slot >= 0, ErrorCode::InvalidUsage,
+             "ShmemTeamSplitStrided on PE %d: all %u team slots are in use on some PE of team %d (destroy teams "
+             "that are done)",
+             rank_, kShmemMaxTeams, static_cast<int>(parent));
+  std::vector<int> members;
+  for (int i = 0; i < size; ++i) members.push_back(parentMembers[static_cast<size_t>(start + i * stride)]);
+  const bool member = std::find(members.begin(), members.end(), rank_) != members.end();
+  if (member) InstallTeam(static_cast<uint32_t>(answer.slot), members);
+  // Nobody signals the new team's counters before every member has reset them.
+  TeamBarrier(parentMembers, tag);
+  return member ? static_cast<ShmemTeam>(answer.slot) : kShmemTeamInvalid;
+}
+
+void Runtime::DestroyTeam(ShmemTeam team) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  MORI_CHECK(team != kShmemTeamWorld && team != kShmemTeamNode, ErrorCode::InvalidUsage,
+             "ShmemTeamDestroy on PE %d: the world and node teams live until ShmemFinalize", rank_);
+  MORI_CHECK(TeamAt(team) != nullptr, ErrorCode::InvalidUsage,
+             "ShmemTeamDestroy on PE %d: team %d is not a team of this PE (destroyed twice?)", rank_,
+             static_cast<int>(team));
+  InstallTeam(static_cast<uint32_t>(team), {});
+}
+
+void Runtime::TeamSync(ShmemTeam team) {
+  std::vector<int> members;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const Team* t = TeamAt(team);
+    MORI_CHECK(t != nullptr && t->myIndex >= 0, ErrorCode::InvalidUsage,
+               "ShmemTeamSync on PE %d: team %d is not a team this PE belongs to", rank_, static_cast<int>(team));
+    members = t->members;
+  }
+  MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+  TeamBarrier(members, kTeamSyncTag + static_cast<int>(team));
 }
 
 }  // namespace mori::shmem

@@ -42,6 +42,20 @@ class Runtime {
   void Free(void* ptr);
   void Barrier();
 
+  // Teams (ShmemTeam is the slot in teams_). Split is collective over the parent; the queries answer -1 for
+  // what is not a team (or not a member).
+  ShmemTeam SplitStrided(ShmemTeam parent, int start, int stride, int size);
+  void DestroyTeam(ShmemTeam team);
+  void TeamSync(ShmemTeam team);
+  int TeamMyPe(ShmemTeam team) const;
+  int TeamNPes(ShmemTeam team) const;
+  int TeamTranslatePe(ShmemTeam from, int pe, ShmemTeam to) const;
+
+  // Whether kernels of this PE may use [p, p + bytes) as the local side of an operation with `pe`: always over
+  // Self and P2P (loads and stores), else only inside the heap or a registered buffer (the NIC or the proxy
+  // reads and writes it).
+  bool LocalReachable(const void* p, size_t bytes, int pe);
+
   void RegisterBuffer(void* ptr, size_t bytes);
   void UnregisterBuffer(void* ptr);
 
@@ -54,6 +68,15 @@ class Runtime {
   void SetUpProxy(int device);
   void BuildDeviceState();
   void UploadLocalRegions();
+  struct Team {
+    std::vector<int> members;  // world PEs, ascending; empty: the slot is free
+    int myIndex = -1;          // -1: this PE is not a member (it then holds no team in the slot)
+  };
+  const Team* TeamAt(ShmemTeam team) const;
+  // Puts `members` into slot `id` here and for kernels (its sync counters start again at zero).
+  void InstallTeam(uint32_t id, std::vector<int> members);
+  // Gather to the team's first member and release, over the bootstrap: every member has arrived.
+  void TeamBarrier(const std::vector<int>& members, int tag);
 
   std::shared_ptr<core::Bootstrap> bootstrap_;
   int rank_ = 0;
@@ -81,6 +104,9 @@ class Runtime {
   // Device-visible arrays the state points into.
   core::GpuBuffer control_;
   ShmemLocalRegion* deviceLocalRegions_ = nullptr;
+  ShmemTeamState* deviceTeams_ = nullptr;   // [kShmemMaxTeams]
+  int32_t* deviceTeamMembers_ = nullptr;    // [kShmemMaxTeams][nPes]
+  std::vector<Team> teams_;                 // [kShmemMaxTeams]
   ShmemDeviceState state_{};
 
   // Proxy transport (when any PE uses it): connections to every PE over one channel transport, and the

@@ -2,6 +2,7 @@
 // nullptr), as STYLE.md asks of the SHMEM host API.
 #include "mori/shmem/shmem_api.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include "mori/core/launch.hpp"
 #include "mori/core/logging.hpp"
 #include "runtime.hpp"
+#include "stream_ops.hpp"
 #if MORI_HAS_MPI
 #include "mori/core/mpi_bootstrap.hpp"
 #endif
@@ -53,6 +55,22 @@ bool RegisterStateUploader(StateUploader uploader) {
     if (rc != 0) MORI_LOG_ERROR(Shmem, "uploading the SHMEM state to a late-loaded module failed (error %d)", rc);
   }
   return true;
+}
+
+void UnregisterStateUploader(StateUploader uploader) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto& list = Uploaders();
+  list.erase(std::remove(list.begin(), list.end(), uploader), list.end());
+}
+
+// Uploads the published state to every registered module again; the first failure's code, else 0.
+int ReuploadState() {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  for (auto uploader : Uploaders()) {
+    int rc = uploader(&Published());
+    if (rc != 0) return rc;
+  }
+  return 0;
 }
 
 }  // namespace detail
@@ -100,6 +118,7 @@ int Start(const char* op, std::shared_ptr<core::Bootstrap> bootstrap) {
   auto& rt = TheRuntime();
   MORI_CHECK(rt == nullptr, core::ErrorCode::InvalidUsage, "%s: the runtime is already initialised", op);
   rt = std::make_unique<Runtime>(std::move(bootstrap));
+  detail::PreloadStreamKernels();
   return 0;
 }
 
@@ -117,6 +136,22 @@ int HostNPes() {
 void* HostPtr(const void* dest, int pe) {
   auto& rt = TheRuntime();
   return rt ? rt->PeerPointer(dest, pe) : nullptr;
+}
+bool LocalReachable(const void* p, size_t bytes, int pe) {
+  auto& rt = TheRuntime();
+  return rt != nullptr && rt->LocalReachable(p, bytes, pe);
+}
+int HostTeamMyPe(ShmemTeam team) {
+  auto& rt = TheRuntime();
+  return rt ? rt->TeamMyPe(team) : -1;
+}
+int HostTeamNPes(ShmemTeam team) {
+  auto& rt = TheRuntime();
+  return rt ? rt->TeamNPes(team) : -1;
+}
+int HostTeamTranslatePe(ShmemTeam from, int pe, ShmemTeam to) {
+  auto& rt = TheRuntime();
+  return rt ? rt->TeamTranslatePe(from, pe, to) : -1;
 }
 }  // namespace detail
 
@@ -230,6 +265,34 @@ int ShmemBufferRegister(void* ptr, size_t bytes) {
 
 int ShmemBufferUnregister(void* ptr) {
   return Guarded("ShmemBufferUnregister", [=] { Current("ShmemBufferUnregister").UnregisterBuffer(ptr); });
+}
+
+int ShmemTeamSplitStrided(ShmemTeam parent, int start, int stride, int size, ShmemTeam* out) {
+  if (out != nullptr) *out = kShmemTeamInvalid;
+  return Guarded("ShmemTeamSplitStrided", [&] {
+    MORI_CHECK(out != nullptr, core::ErrorCode::InvalidUsage, "out is null");
+    *out = Current("ShmemTeamSplitStrided").SplitStrided(parent, start, stride, size);
+  });
+}
+
+void ShmemTeamDestroy(ShmemTeam team) {
+  Guarded("ShmemTeamDestroy", [team] { Current("ShmemTeamDestroy").DestroyTeam(team); });
+}
+
+int ShmemTeamSync(ShmemTeam team) {
+  return Guarded("ShmemTeamSync", [team] { Current("ShmemTeamSync").TeamSync(team); });
+}
+
+int ShmemModuleInit(void* module) {
+  return Guarded("ShmemModuleInit", [module] {
+    MORI_CHECK(module == nullptr, core::ErrorCode::NotSupported,
+               "ShmemModuleInit(%p): modules loaded by handle are not supported yet; a module that includes "
+               "shmem_device_api.hpp and links libmori_shmem registers itself (pass nullptr)",
+               module);
+    (void)Current("ShmemModuleInit");
+    int rc = detail::ReuploadState();
+    MORI_CHECK(rc == 0, core::ErrorCode::Gpu, "uploading the SHMEM state to a module failed (GPU error %d)", rc);
+  });
 }
 
 size_t ShmemHeapBytes() {

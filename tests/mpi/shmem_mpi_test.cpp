@@ -755,6 +755,284 @@ TEST(ShmemTest, DeviceBarrierSeparatesRounds) {
   ShmemFree(slots);
 }
 
+// ---- teams ----
+
+// What kernels see of the teams: queries of world, node, `team` and an invalid handle, and translations.
+MORI_GLOBAL void TeamQueryKernel(ShmemTeam team, int32_t* out) {
+  out[0] = ShmemTeamMyPe(kShmemTeamWorld);
+  out[1] = ShmemTeamNPes(kShmemTeamWorld);
+  out[2] = ShmemTeamMyPe(kShmemTeamNode);
+  out[3] = ShmemTeamNPes(kShmemTeamNode);
+  out[4] = ShmemTeamMyPe(team);
+  out[5] = ShmemTeamNPes(team);
+  out[6] = ShmemTeamMyPe(kShmemTeamInvalid);
+  out[7] = ShmemTeamNPes(static_cast<ShmemTeam>(kShmemMaxTeams + 3));
+  for (int pe = 0; pe < 8; ++pe) {
+    out[8 + pe] = ShmemTeamTranslatePe(kShmemTeamWorld, pe, team);
+    out[16 + pe] = ShmemTeamTranslatePe(team, pe, kShmemTeamWorld);
+  }
+}
+
+// The same queries on the host.
+std::vector<int32_t> HostTeamQueries(ShmemTeam team) {
+  std::vector<int32_t> out(24);
+  out[0] = ShmemTeamMyPe(kShmemTeamWorld);
+  out[1] = ShmemTeamNPes(kShmemTeamWorld);
+  out[2] = ShmemTeamMyPe(kShmemTeamNode);
+  out[3] = ShmemTeamNPes(kShmemTeamNode);
+  out[4] = ShmemTeamMyPe(team);
+  out[5] = ShmemTeamNPes(team);
+  out[6] = ShmemTeamMyPe(kShmemTeamInvalid);
+  out[7] = ShmemTeamNPes(static_cast<ShmemTeam>(kShmemMaxTeams + 3));
+  for (int pe = 0; pe < 8; ++pe) {
+    out[static_cast<size_t>(8 + pe)] = ShmemTeamTranslatePe(kShmemTeamWorld, pe, team);
+    out[static_cast<size_t>(16 + pe)] = ShmemTeamTranslatePe(team, pe, kShmemTeamWorld);
+  }
+  return out;
+}
+
+std::vector<int32_t> DeviceTeamQueries(ShmemTeam team) {
+  core::GpuBuffer out(24 * sizeof(int32_t), core::MemoryType::Device);
+  core::LaunchKernel(TeamQueryKernel, Dim3(1), Dim3(1), 0, nullptr, team, out.DataAs<int32_t>());
+  EXPECT_EQ(core::GpuGetLastError(), core::kGpuSuccess);
+  EXPECT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+  auto bytes = ToHost(out.Data(), 24 * sizeof(int32_t));
+  std::vector<int32_t> v(24);
+  std::memcpy(v.data(), bytes.data(), bytes.size());
+  return v;
+}
+
+// Splits the world into the even and the odd PEs; every PE gets the handle of its own half.
+ShmemTeam SplitHalves(ShmemTeam* evens, ShmemTeam* odds) {
+  const int n = N();
+  EXPECT_EQ(ShmemTeamSplitStrided(kShmemTeamWorld, 0, 2, (n + 1) / 2, evens), 0);
+  EXPECT_EQ(ShmemTeamSplitStrided(kShmemTeamWorld, 1, 2, n / 2, odds), 0);
+  return Me() % 2 == 0 ? *evens : *odds;
+}
+
+TEST(ShmemTest, TeamsWorldNodeAndStridedSplitsOnHostAndDevice) {
+  const int n = N(), me = Me();
+  // Every PE of these jobs is on one host: the node team is the world.
+  EXPECT_EQ(ShmemTeamMyPe(kShmemTeamWorld), me);
+  EXPECT_EQ(ShmemTeamNPes(kShmemTeamWorld), n);
+  EXPECT_EQ(ShmemTeamMyPe(kShmemTeamNode), me);
+  EXPECT_EQ(ShmemTeamNPes(kShmemTeamNode), n);
+  ShmemTeam evens = kShmemTeamInvalid, odds = kShmemTeamInvalid;
+  ShmemTeam mine = SplitHalves(&evens, &odds);
+  EXPECT_EQ(me % 2 == 0 ? odds : evens, kShmemTeamInvalid) << "a PE outside a new team gets the invalid handle";
+  ASSERT_NE(mine, kShmemTeamInvalid);
+  EXPECT_EQ(ShmemTeamMyPe(mine), me / 2);
+  EXPECT_EQ(ShmemTeamNPes(mine), me % 2 == 0 ? (n + 1) / 2 : n / 2);
+  for (int pe = 0; pe < 8; ++pe) {
+    const bool sameHalf = pe < n && pe % 2 == me % 2;
+    EXPECT_EQ(ShmemTeamTranslatePe(kShmemTeamWorld, pe, mine), sameHalf ? pe / 2 : -1) << "world pe " << pe;
+    EXPECT_EQ(ShmemTeamTranslatePe(mine, pe, kShmemTeamWorld), pe < ShmemTeamNPes(mine) ? 2 * pe + me % 2 : -1);
+  }
+  EXPECT_EQ(HostTeamQueries(mine), DeviceTeamQueries(mine)) << "kernels and the host see the same teams";
+
+  // A split of a split: the last member of my half alone, numbered from its world number.
+  ShmemTeam last = kShmemTeamInvalid;
+  const int halfSize = ShmemTeamNPes(mine);
+  ASSERT_EQ(ShmemTeamSplitStrided(mine, halfSize - 1, 1, 1, &last), 0);
+  const bool amLast = ShmemTeamMyPe(mine) == halfSize - 1;
+  EXPECT_EQ(last != kShmemTeamInvalid, amLast);
+  if (amLast) {
+    EXPECT_EQ(ShmemTeamNPes(last), 1);
+    EXPECT_EQ(ShmemTeamTranslatePe(last, 0, kShmemTeamWorld), me);
+    EXPECT_EQ(ShmemTeamTranslatePe(last, 0, mine), halfSize - 1);
+    EXPECT_EQ(HostTeamQueries(last), DeviceTeamQueries(last));
+    ShmemTeamDestroy(last);
+    EXPECT_EQ(ShmemTeamNPes(last), -1);
+    EXPECT_EQ(DeviceTeamQueries(last)[5], -1) << "kernels see the destroyed team gone";
+  }
+  ShmemTeamDestroy(mine);
+  EXPECT_EQ(ShmemTeamMyPe(mine), -1);
+  ShmemTeamDestroy(mine);  // twice: an error logged, nothing else
+  ShmemTeamDestroy(kShmemTeamWorld);
+  EXPECT_EQ(ShmemTeamNPes(kShmemTeamWorld), n) << "the world team cannot be destroyed";
+  ShmemBarrierAll();
+}
+
+TEST(ShmemTest, TeamSplitBadInputFailsOnEveryMember) {
+  const int n = N(), me = Me();
+  ShmemTeam t = kShmemTeamWorld;
+  EXPECT_NE(ShmemTeamSplitStrided(kShmemTeamWorld, 0, 0, 2, &t), 0) << "stride 0";
+  EXPECT_EQ(t, kShmemTeamInvalid);
+  EXPECT_NE(ShmemTeamSplitStrided(kShmemTeamWorld, 1, 1, n, &t), 0) << "past the parent's last PE";
+  EXPECT_NE(ShmemTeamSplitStrided(kShmemTeamWorld, -1, 1, 1, &t), 0) << "negative start";
+  // Arguments that differ between PEs: refused on every PE (none waits for the others).
+  EXPECT_NE(ShmemTeamSplitStrided(kShmemTeamWorld, 0, 1, me == 0 ? 1 : n, &t), 0);
+  EXPECT_EQ(t, kShmemTeamInvalid);
+  EXPECT_NE(ShmemTeamSplitStrided(static_cast<ShmemTeam>(7), 0, 1, 1, &t), 0) << "a parent that does not exist";
+  EXPECT_NE(ShmemTeamSplitStrided(kShmemTeamWorld, 0, 1, 1, nullptr), 0);
+  // Every slot in use: the splits past the last slot fail on every PE, and destroying gives them back.
+  std::vector<ShmemTeam> made;
+  int refused = 0;
+  for (uint32_t i = 0; i < kShmemMaxTeams + 2; ++i) {
+    ShmemTeam x = kShmemTeamInvalid;
+    if (ShmemTeamSplitStrided(kShmemTeamWorld, 0, 1, n, &x) == 0) {
+      made.push_back(x);
+    } else {
+      ++refused;
+      EXPECT_EQ(x, kShmemTeamInvalid);
+    }
+  }
+  EXPECT_EQ(made.size(), kShmemMaxTeams - 2) << "world and node hold two slots";
+  EXPECT_EQ(refused, 4);
+  for (ShmemTeam x : made) ShmemTeamDestroy(x);
+  ShmemTeam again = kShmemTeamInvalid;
+  EXPECT_EQ(ShmemTeamSplitStrided(kShmemTeamWorld, 0, 1, n, &again), 0);
+  EXPECT_EQ(ShmemTeamNPes(again), n);
+  EXPECT_EQ(ShmemTeamSync(again), 0);
+  ShmemTeamDestroy(again);
+  // Syncing a team this PE is not in.
+  EXPECT_NE(ShmemTeamSync(static_cast<ShmemTeam>(9)), 0);
+  EXPECT_NE(ShmemTeamSyncOnStream(static_cast<ShmemTeam>(9), nullptr), 0);
+  ShmemBarrierAll();
+}
+
+// Rounds of: every member writes round r into its slot on every member of `team`, team sync, then every
+// member's slot must show round r. The two halves of the world do this at the same time on their own teams.
+MORI_GLOBAL void TeamSyncKernel(ShmemTeam team, uint64_t* slots, int rounds) {
+  const int me = ShmemTeamMyPe(team), n = ShmemTeamNPes(team);
+  for (int r = 1; r <= rounds; ++r) {
+    if (core::FlatThreadIdx() == 0) {
+      for (int i = 0; i < n; ++i) {
+        ShmemPutTypeImmNbiThread<uint64_t>(&slots[me], static_cast<uint64_t>(r),
+                                           ShmemTeamTranslatePe(team, i, kShmemTeamWorld));
+      }
+    }
+    ShmemTeamSyncBlock(team);
+    if (core::FlatThreadIdx() == 0) {
+      for (int i = 0; i < n; ++i) {
+        uint64_t v = core::AtomicLoad(&slots[i]);
+        MORI_DEVICE_ASSERT(v == static_cast<uint64_t>(r), "team sync round %d: slot of member %d shows %llu", r, i,
+                           static_cast<unsigned long long>(v));
+      }
+    }
+    ShmemTeamSyncBlock(team);
+  }
+}
+
+TEST(ShmemTest, TeamSyncOnDeviceHostAndStreamSeparatesRounds) {
+  const int n = N(), me = Me();
+  ShmemTeam evens = kShmemTeamInvalid, odds = kShmemTeamInvalid;
+  ShmemTeam mine = SplitHalves(&evens, &odds);
+  ASSERT_NE(mine, kShmemTeamInvalid);
+  auto* slots = static_cast<uint64_t*>(ShmemCalloc(static_cast<size_t>(n), 8));
+  ASSERT_NE(slots, nullptr);
+  core::LaunchKernel(TeamSyncKernel, Dim3(1), Dim3(ThreadsPerBlock()), 0, nullptr, mine, slots, 20);
+  MORI_CHECK_KERNEL();
+  // The world team on the device too (its own counters, apart from the barrier's), in slots of its own: the
+  // other half may still be in its rounds.
+  auto* worldSlots = static_cast<uint64_t*>(ShmemCalloc(static_cast<size_t>(n), 8));
+  ASSERT_NE(worldSlots, nullptr);
+  core::LaunchKernel(TeamSyncKernel, Dim3(1), Dim3(ThreadsPerBlock()), 0, nullptr, kShmemTeamWorld, worldSlots, 5);
+  MORI_CHECK_KERNEL();
+  EXPECT_EQ(ShmemTeamSync(mine), 0);
+  // On a stream: a put to every member of my half, the team's sync on the stream; after it every member's
+  // word has arrived here.
+  auto* words = GuardedBuffer(static_cast<size_t>(n) * 8);
+  ASSERT_NE(words, nullptr);
+  std::vector<uint8_t> out(8);
+  for (size_t i = 0; i < 8; ++i) out[i] = PatternByte(me, i, 77);
+  uint8_t* src = GuardedBuffer(8);  // in the heap: every transport reads it
+  ASSERT_NE(src, nullptr);
+  FromHost(src, out);
+  core::GpuStream stream{};
+  ASSERT_EQ(core::GpuStreamCreate(&stream), core::kGpuSuccess);
+  for (int i = 0; i < ShmemTeamNPes(mine); ++i) {
+    EXPECT_EQ(ShmemPutMemOnStream(words + 8 * static_cast<size_t>(me), src, 8,
+                                  ShmemTeamTranslatePe(mine, i, kShmemTeamWorld), stream),
+              0);
+  }
+  EXPECT_EQ(ShmemTeamSyncOnStream(mine, stream), 0);
+  ASSERT_EQ(core::GpuStreamSynchronize(stream), core::kGpuSuccess);
+  auto got = ToHost(words, static_cast<size_t>(n) * 8);
+  for (int pe = 0; pe < n; ++pe) {
+    std::vector<uint8_t> slot(got.begin() + 8 * pe, got.begin() + 8 * pe + 8);
+    ExpectRegion(slot, 0, pe % 2 == me % 2 ? 8 : 0, pe, 77, "team put on a stream");
+  }
+  ASSERT_EQ(core::GpuStreamDestroy(stream), core::kGpuSuccess);
+  ShmemBarrierAll();
+  ShmemFree(src);
+  ShmemFree(words);
+  ShmemFree(worldSlots);
+  ShmemFree(slots);
+  ShmemTeamDestroy(mine);
+}
+
+// ---- host calls ordered on a stream ----
+
+TEST(ShmemTest, OnStreamPutSignalGetQuietAndBarrier) {
+  const int n = N(), me = Me(), right = (me + 1) % n, left = (me + n - 1) % n;
+  constexpr size_t kBytes = (size_t(3) << 20) + 40;  // several blocks of the put kernel, an odd tail
+  uint8_t* dst = GuardedBuffer(kBytes + 256);
+  uint8_t* sigDst = GuardedBuffer(kBytes + 256);
+  auto* sig = static_cast<uint64_t*>(ShmemCalloc(1, 8));
+  ASSERT_TRUE(dst && sigDst && sig);
+  std::vector<uint8_t> pattern(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) pattern[i] = PatternByte(me, i, 31);
+  core::GpuBuffer src(kBytes, core::MemoryType::Device);
+  FromHost(src.Data(), pattern);
+  // Over RDMA and the proxy a source outside the heap must be registered (ShmemBufferRegister), as in kernels;
+  // the host refuses it before any kernel runs.
+  const bool mapped = ShmemTransportType(right) == TransportType::Self || ShmemTransportType(right) == TransportType::P2P;
+  EXPECT_EQ(ShmemPutMemOnStream(dst, src.Data(), 8, right, nullptr) == 0, mapped);
+  ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+  ShmemBarrierAll();
+  FromHost(dst, std::vector<uint8_t>(kBytes + 256, kGuard));
+  ShmemBarrierAll();
+  ASSERT_EQ(ShmemBufferRegister(src.Data(), kBytes), 0);
+  core::GpuStream stream{};
+  ASSERT_EQ(core::GpuStreamCreate(&stream), core::kGpuSuccess);
+  // Put to the right at offset 128, quiet and barrier on the stream: then the left neighbour's data is here.
+  EXPECT_EQ(ShmemPutMemOnStream(dst + 128, src.Data(), kBytes, right, stream), 0);
+  EXPECT_EQ(ShmemQuietOnStream(stream), 0);
+  EXPECT_EQ(ShmemBarrierAllOnStream(stream), 0);
+  ASSERT_EQ(core::GpuStreamSynchronize(stream), core::kGpuSuccess);
+  ExpectRegion(ToHost(dst, kBytes + 256), 128, 128 + kBytes, left, 31, "ShmemPutMemOnStream");
+  // Put-with-signal to the right, and the wait for the left's signal on the stream: no host barrier between.
+  EXPECT_EQ(ShmemPutMemSignalOnStream(sigDst + 64, src.Data(), kBytes, sig, 5, SignalOp::Add, right, stream), 0);
+  EXPECT_EQ(ShmemSignalWaitUntilOnStream(sig, CmpOp::GE, 5, stream), 0);
+  ASSERT_EQ(core::GpuStreamSynchronize(stream), core::kGpuSuccess);
+  ExpectRegion(ToHost(sigDst, kBytes + 256), 64, 64 + kBytes, left, 31, "ShmemPutMemSignalOnStream");
+  uint64_t sv = 0;
+  ASSERT_EQ(core::GpuMemcpy(&sv, sig, 8), core::kGpuSuccess);
+  EXPECT_EQ(sv, 5u);
+  // Get the right neighbour's copy of what its left (this PE) put there, into local memory.
+  core::GpuBuffer back(kBytes + 64, core::MemoryType::Device);
+  FromHost(back.Data(), std::vector<uint8_t>(kBytes + 64, kGuard));
+  ASSERT_EQ(ShmemBufferRegister(back.Data(), kBytes + 64), 0);
+  EXPECT_EQ(ShmemBarrierAllOnStream(stream), 0);
+  EXPECT_EQ(ShmemGetMemOnStream(back.Data(), dst + 128, kBytes, right, stream), 0);
+  ASSERT_EQ(core::GpuStreamSynchronize(stream), core::kGpuSuccess);
+  ExpectRegion(ToHost(back.Data(), kBytes + 64), 0, kBytes, me, 31, "ShmemGetMemOnStream");
+  // Bad input: an error code, nothing launched, nothing written.
+  ShmemBarrierAll();
+  EXPECT_NE(ShmemPutMemOnStream(dst, src.Data(), 8, n, stream), 0) << "pe out of range";
+  EXPECT_NE(ShmemPutMemOnStream(dst, src.Data(), 8, -1, stream), 0);
+  EXPECT_NE(ShmemPutMemOnStream(src.Data(), src.Data(), 8, right, stream), 0) << "dest outside the heap";
+  uint8_t* heapEnd = static_cast<uint8_t*>(ShmemHeapBase()) + kShmemHeapUserOffset + ShmemHeapBytes();
+  EXPECT_NE(ShmemPutMemOnStream(heapEnd - 8, src.Data(), 16, right, stream), 0) << "dest past the heap's end";
+  EXPECT_NE(ShmemGetMemOnStream(back.Data(), src.Data(), 8, right, stream), 0) << "source outside the heap";
+  EXPECT_NE(ShmemPutMemSignalOnStream(dst, src.Data(), 8, reinterpret_cast<uint64_t*>(dst + 4), 1, SignalOp::Set,
+                                      right, stream),
+            0)
+      << "misaligned signal";
+  EXPECT_NE(ShmemSignalWaitUntilOnStream(reinterpret_cast<uint64_t*>(src.Data()), CmpOp::EQ, 1, stream), 0);
+  EXPECT_NE(ShmemSignalWaitUntilOnStream(sig, static_cast<CmpOp>(9), 1, stream), 0);
+  ASSERT_EQ(core::GpuStreamSynchronize(stream), core::kGpuSuccess);
+  ShmemBarrierAll();
+  ExpectRegion(ToHost(dst, kBytes + 256), 128, 128 + kBytes, left, 31, "after refused calls");
+  ASSERT_EQ(core::GpuStreamDestroy(stream), core::kGpuSuccess);
+  EXPECT_EQ(ShmemBufferUnregister(back.Data()), 0);
+  EXPECT_EQ(ShmemBufferUnregister(src.Data()), 0);
+  ShmemFree(sig);
+  ShmemFree(sigDst);
+  ShmemFree(dst);
+}
+
 size_t CountEntries(const char* dir) {
   size_t n = 0;
   if (DIR* d = opendir(dir)) {

@@ -1,6 +1,7 @@
 // SHMEM in one process (a job of one, or two processes forked with a unique id): the allocator, bad input
 // on host and device (a clear message that names the cause, never a crash or corruption), a peer that dies,
 // every family on the Self transport, and two forked PEs over P2P, RDMA and the Proxy transport.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -253,6 +254,31 @@ TEST_F(ShmemSingleTest, EveryTranslationUnitGetsTheState) {
   EXPECT_EQ(w[0], 1000u);
   EXPECT_EQ(w[1], 1u);
   EXPECT_EQ(w[2], 0xC0FFEEu);
+  ShmemFree(words);
+  ASSERT_EQ(ShmemFinalize(), 0);
+}
+
+// A shared library that includes the device API, loaded after ShmemInit and unloaded before
+// ShmemFinalize: its kernels see the state, and the unload leaves nothing behind for finalize to call.
+TEST_F(ShmemSingleTest, ModuleLoadedAfterInitGetsTheState) {
+  EXPECT_NE(ShmemModuleInit(), 0) << "before ShmemInit";
+  ASSERT_EQ(ShmemInit(), 0);
+  auto* words = static_cast<uint64_t*>(ShmemCalloc(3, 8));
+  ASSERT_NE(words, nullptr);
+  void* module = dlopen(MORI_TEST_SHMEM_MODULE, RTLD_NOW | RTLD_LOCAL);
+  ASSERT_NE(module, nullptr) << dlerror();
+  EXPECT_EQ(ShmemModuleInit(), 0);
+  auto run = reinterpret_cast<int (*)(uint64_t*)>(dlsym(module, "MoriTestModuleRun"));
+  ASSERT_NE(run, nullptr) << dlerror();
+  ASSERT_EQ(run(words), 0);
+  uint64_t w[3];
+  ASSERT_EQ(core::GpuMemcpy(w, words, sizeof(w)), core::kGpuSuccess);
+  EXPECT_EQ(w[0], 7000u);
+  EXPECT_EQ(w[1], 1u);
+  EXPECT_EQ(w[2], 0xD15C0u);
+  EXPECT_EQ(dlclose(module), 0);
+  EXPECT_EQ(ShmemModuleInit(), 0) << "the unloaded module's uploader is gone";
+  EXPECT_NE(ShmemModuleInit(module), 0) << "modules by handle are not supported yet";
   ShmemFree(words);
   ASSERT_EQ(ShmemFinalize(), 0);
 }

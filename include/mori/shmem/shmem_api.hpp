@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "mori/core/config.hpp"
+#include "mori/core/gpu.hpp"
 #include "mori/shmem/shmem_state_access.hpp"
 #include "mori/shmem/shmem_types.hpp"
 
@@ -38,6 +39,45 @@ void ShmemFree(void* ptr);
 
 // Waits until every PE has arrived (the GPU work queued so far on this PE finished first).
 void ShmemBarrierAll();
+
+// Ordered with the caller's work on `stream` (a kernel of one thread on it), without blocking the host:
+// the barrier (quiet, then wait for every PE's arrival) and the quiet (every put, get and atomic issued
+// from this PE's kernels before it is complete). Errors inside the kernel trap it, naming the cause;
+// launch failures return non-zero.
+int ShmemBarrierAllOnStream(core::GpuStream stream);
+int ShmemQuietOnStream(core::GpuStream stream);
+
+// Teams (the queries ShmemTeamMyPe, ShmemTeamNPes, ShmemTeamTranslatePe are in shmem_state_access.hpp, for
+// host and device). Collective over `parent`: every member calls it with the same arguments; the members
+// numbered start, start + stride, ... (size of them) of the parent form the new team, the same handle on
+// each of them, and the other members of the parent get kShmemTeamInvalid in *out. Returns 0 on success.
+// Arguments that differ between PEs, fall outside the parent, or a PE with all kShmemMaxTeams slots in use:
+// non-zero on every member, and *out = kShmemTeamInvalid.
+int ShmemTeamSplitStrided(ShmemTeam parent, int start, int stride, int size, ShmemTeam* out);
+// Local: the handle is invalid from now on (world and node cannot be destroyed). Call it only after the
+// team's last sync, on every member.
+void ShmemTeamDestroy(ShmemTeam team);
+// Waits until every member has called it (this PE's GPU work queued so far finished first). 0 on success.
+int ShmemTeamSync(ShmemTeam team);
+// The device team sync in a kernel of one thread on `stream`.
+int ShmemTeamSyncOnStream(ShmemTeam team, core::GpuStream stream);
+
+// Put, put-with-signal, get and signal wait from the host, ordered with the work on `stream` (a small
+// kernel on it; the host does not wait). dest/sigAddr are symmetric addresses, source any memory this PE's
+// kernels can read; the put is complete at its target when a later ShmemQuietOnStream on the stream is.
+int ShmemPutMemOnStream(void* dest, const void* source, size_t bytes, int pe, core::GpuStream stream);
+int ShmemPutMemSignalOnStream(void* dest, const void* source, size_t bytes, uint64_t* sigAddr, uint64_t sigVal,
+                              SignalOp op, int pe, core::GpuStream stream);
+int ShmemGetMemOnStream(void* dest, const void* source, size_t bytes, int pe, core::GpuStream stream);
+int ShmemSignalWaitUntilOnStream(uint64_t* sigAddr, CmpOp cmp, uint64_t value, core::GpuStream stream);
+
+// A separately compiled module (a shared library such as a PyTorch extension, or a program's other
+// translation units) that includes shmem_device_api.hpp registers its copy of the device state when it is
+// loaded, and ShmemInit and ShmemFinalize update it; a module loaded after ShmemInit gets the state at once.
+// ShmemModuleInit checks that the runtime is up and that every registered module holds the current state
+// (0 when so): call it once after loading a module, before its first kernel. `module` is reserved for
+// modules loaded by handle (cuModuleLoad / JIT) and must be nullptr today.
+int ShmemModuleInit(void* module = nullptr);
 
 // Per-peer transport (Self for the calling PE).
 TransportType ShmemTransportType(int pe);

@@ -515,6 +515,48 @@ MORI_DEVICE_INLINE void ShmemBarrierAllBlock() {
   core::SyncThreads();
 }
 
+// ---- teams ----
+
+// Completes this PE's operations, then waits until every member of `team` has arrived. One thread per member
+// calls it; every member calls it as often as the others (each call is one generation of the team's
+// arrival counter). Traps, naming the team, when this PE is not a member.
+MORI_DEVICE_NOINLINE void ShmemTeamSyncThread(ShmemTeam team) {
+  const ShmemDeviceState& s = detail::Checked("ShmemTeamSyncThread");
+  const ShmemTeamState* t = detail::TeamAt(s, team);
+  MORI_DEVICE_ASSERT(t != nullptr && t->myIndex >= 0,
+                     "mori shmem: ShmemTeamSyncThread on PE %d: team %d is not a team this PE belongs to", s.rank,
+                     static_cast<int>(team));
+  const auto id = static_cast<uint32_t>(team);
+  ShmemQuietThread();
+  uint64_t generation =
+      core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(&s.teamSyncSeq[id], uint64_t{1}) + 1;
+  const uint64_t offset = kShmemTeamSyncOffset + id * sizeof(uint64_t);
+  for (int i = 0; i < t->size; ++i) detail::SignalAt(s, detail::TeamWorldPe(*t, i), offset, 1, SignalOp::Add);
+  auto* arrivals = reinterpret_cast<uint64_t*>(s.heapBase + offset);
+  const uint64_t expected = generation * static_cast<uint64_t>(t->size);
+  core::SpinDeadline deadline(s.timeoutNs);
+  for (;;) {
+    uint64_t seen = core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(arrivals);
+    if (seen >= expected) break;
+    MORI_DEVICE_ASSERT(!deadline.Expired(),
+                       "mori shmem: PE %d waited %llu ns in sync #%llu of team %d: %llu of its %d PEs arrived "
+                       "(some member died or never called it)",
+                       s.rank, static_cast<unsigned long long>(s.timeoutNs),
+                       static_cast<unsigned long long>(generation), static_cast<int>(team),
+                       static_cast<unsigned long long>(seen - (generation - 1) * t->size), t->size);
+    core::SpinPause();
+  }
+  ShmemQuietThread();  // the arrival atomics sent through the NIC or the proxy are complete too
+}
+
+// Every thread of the block calls it.
+MORI_DEVICE_INLINE void ShmemTeamSyncBlock(ShmemTeam team) {
+  detail::SystemFence();
+  core::SyncThreads();
+  if (core::FlatThreadIdx() == 0) ShmemTeamSyncThread(team);
+  core::SyncThreads();
+}
+
 }  // namespace mori::shmem
 
 #endif  // MORI_DEVICE_API_AVAILABLE

@@ -34,13 +34,25 @@ constexpr uint64_t kShmemBarrierCounterOffset = 0;  // uint64: barrier arrivals 
 constexpr uint64_t kShmemDiscardOffset = 64;        // uint64: where non-fetching NIC atomics put the old value
 constexpr uint64_t kShmemFetchSlotsOffset = 128;    // uint64[kShmemFetchSlots]: results of fetching NIC ops
 constexpr uint32_t kShmemFetchSlots = 1024;
+constexpr uint64_t kShmemTeamSyncOffset = 8448;    // uint64[kShmemMaxTeams]: team sync arrivals at this PE
+constexpr uint32_t kShmemMaxTeams = 32;             // team slots per PE, world and node included
 constexpr uint64_t kShmemHeapUserOffset = 16384;
-static_assert(kShmemFetchSlotsOffset + kShmemFetchSlots * 8 <= kShmemHeapUserOffset, "internal heap area overlaps");
+static_assert(kShmemFetchSlotsOffset + kShmemFetchSlots * 8 <= kShmemTeamSyncOffset, "internal heap area overlaps");
+static_assert(kShmemTeamSyncOffset + kShmemMaxTeams * 8 <= kShmemHeapUserOffset, "internal heap area overlaps");
 
 constexpr uint32_t kShmemMaxLocalRegions = 32;
 
 // How many PEs' mapped heap bases the state carries inline (see ShmemDeviceState::mappedWindow).
 constexpr uint32_t kShmemMappedWindow = 64;
+
+// One team slot as kernels see it (the same slot number on every member).
+struct ShmemTeamState {
+  int32_t size;            // PEs in the team; 0: the slot holds no team
+  int32_t myIndex;         // this PE's number in the team, -1 when it is not a member
+  int32_t start;           // world PE of member 0
+  int32_t stride;          // > 0: member i is world PE start + i * stride; 0: look it up in `members`
+  const int32_t* members;  // [size] world PEs, ascending
+};
 
 struct ShmemDeviceState {
   uint32_t magic;
@@ -74,6 +86,9 @@ struct ShmemDeviceState {
   int32_t mappedFirst;
   uint32_t mappedCount;
   uintptr_t mappedWindow[kShmemMappedWindow];
+  // Teams (ShmemTeam is the slot number), in device memory; their contents change at splits and destroys.
+  const ShmemTeamState* teams;  // [kShmemMaxTeams]
+  uint64_t* teamSyncSeq;        // [kShmemMaxTeams] device team syncs entered by this PE, per slot
 };
 static_assert(std::is_trivially_copyable_v<ShmemDeviceState>, "ShmemDeviceState is copied as bytes");
 

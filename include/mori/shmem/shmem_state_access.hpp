@@ -22,9 +22,14 @@ namespace detail {
 using StateUploader = int (*)(const ShmemDeviceState* state);
 // Remembers `uploader` and, if the runtime is already initialised, calls it at once.
 bool RegisterStateUploader(StateUploader uploader);
+// Forgets `uploader` (a module being unloaded: its static destructors call it).
+void UnregisterStateUploader(StateUploader uploader);
 int HostMyPe();
 int HostNPes();
 void* HostPtr(const void* dest, int pe);
+int HostTeamMyPe(ShmemTeam team);
+int HostTeamNPes(ShmemTeam team);
+int HostTeamTranslatePe(ShmemTeam from, int pe, ShmemTeam to);
 
 #if MORI_BACKEND_HOST
 extern ShmemDeviceState hostState;
@@ -41,7 +46,12 @@ int UploadTuState(const ShmemDeviceState* state) {
 #endif
 }
 
-[[maybe_unused]] const bool tuStateRegistered = RegisterStateUploader(&UploadTuState);
+// Registered while the module is loaded: a shared library that is unloaded takes its uploader with it.
+struct TuStateRegistration {
+  TuStateRegistration() { RegisterStateUploader(&UploadTuState); }
+  ~TuStateRegistration() { UnregisterStateUploader(&UploadTuState); }
+};
+[[maybe_unused]] const TuStateRegistration tuStateRegistration;
 }  // namespace
 
 MORI_DEVICE_INLINE const ShmemDeviceState& State() { return tuState; }
@@ -82,7 +92,79 @@ MORI_HOST_DEVICE_INLINE void* ShmemPtr(const void* dest, int pe) {
   return detail::HostPtr(dest, pe);
 #endif
 }
+
+namespace detail {
+// The team in `team`'s slot when the runtime is up and the slot holds one, else nullptr.
+MORI_HOST_DEVICE_INLINE const ShmemTeamState* TeamAt(const ShmemDeviceState& s, ShmemTeam team) {
+  const auto id = static_cast<uint32_t>(team);  // Invalid (-1) wraps past the table
+  if (s.magic != kShmemStateMagic || s.teams == nullptr || id >= kShmemMaxTeams || s.teams[id].size <= 0) {
+    return nullptr;
+  }
+  return &s.teams[id];
+}
+
+// World PE of member `index` (in [0, size)).
+MORI_HOST_DEVICE_INLINE int TeamWorldPe(const ShmemTeamState& t, int index) {
+  return t.stride > 0 ? t.start + index * t.stride : t.members[index];
+}
+
+// Member number of world PE `pe`, -1 when it is not a member.
+MORI_HOST_DEVICE_INLINE int TeamIndexOf(const ShmemTeamState& t, int pe) {
+  if (t.stride > 0) {
+    const int off = pe - t.start;
+    if (off < 0 || off % t.stride != 0 || off / t.stride >= t.size) return -1;
+    return off / t.stride;
+  }
+  int lo = 0, hi = t.size - 1;  // members ascend
+  while (lo <= hi) {
+    const int mid = (lo + hi) / 2;
+    const int m = t.members[mid];
+    if (m == pe) return mid;
+    if (m < pe) lo = mid + 1;
+    else hi = mid - 1;
+  }
+  return -1;
+}
+}  // namespace detail
+
+// This PE's number in `team`, the team's size, and the number in `to` of member `pe` of `from` (host and
+// device). -1 for a team this PE is not in (MyPe), an invalid or destroyed team (all three), or a PE that is
+// not a member (TranslatePe).
+MORI_HOST_DEVICE_INLINE int ShmemTeamMyPe(ShmemTeam team) {
+#if MORI_DEVICE_COMPILE
+  const ShmemTeamState* t = detail::TeamAt(detail::State(), team);
+  return t == nullptr ? -1 : t->myIndex;
 #else
+  return detail::HostTeamMyPe(team);
+#endif
+}
+
+MORI_HOST_DEVICE_INLINE int ShmemTeamNPes(ShmemTeam team) {
+#if MORI_DEVICE_COMPILE
+  const ShmemTeamState* t = detail::TeamAt(detail::State(), team);
+  return t == nullptr ? -1 : t->size;
+#else
+  return detail::HostTeamNPes(team);
+#endif
+}
+
+MORI_HOST_DEVICE_INLINE int ShmemTeamTranslatePe(ShmemTeam from, int pe, ShmemTeam to) {
+#if MORI_DEVICE_COMPILE
+  const ShmemDeviceState& s = detail::State();
+  const ShmemTeamState* f = detail::TeamAt(s, from);
+  const ShmemTeamState* t = detail::TeamAt(s, to);
+  if (f == nullptr || t == nullptr || pe < 0 || pe >= f->size) return -1;
+  return detail::TeamIndexOf(*t, detail::TeamWorldPe(*f, pe));
+#else
+  return detail::HostTeamTranslatePe(from, pe, to);
+#endif
+}
+#else
+inline int ShmemTeamMyPe(ShmemTeam team) { return detail::HostTeamMyPe(team); }
+inline int ShmemTeamNPes(ShmemTeam team) { return detail::HostTeamNPes(team); }
+inline int ShmemTeamTranslatePe(ShmemTeam from, int pe, ShmemTeam to) {
+  return detail::HostTeamTranslatePe(from, pe, to);
+}
 inline int ShmemMyPe() { return detail::HostMyPe(); }
 inline int ShmemNPes() { return detail::HostNPes(); }
 inline void* ShmemPtr(const void* dest, int pe) { return detail::HostPtr(dest, pe); }

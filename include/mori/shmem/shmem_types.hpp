@@ -15,6 +15,14 @@ enum class SignalOp : uint32_t { Set = 0, Add = 1 };
 
 enum class CmpOp : uint32_t { EQ = 0, NE = 1, GT = 2, GE = 3, LT = 4, LE = 5 };
 
+// A team: a subset of the PEs with its own numbering 0..n-1 (world PEs in ascending order). The same
+// handle on every member; world and node (the PEs of this host) exist from ShmemInit to ShmemFinalize,
+// others come from ShmemTeamSplitStrided.
+enum class ShmemTeam : int32_t { Invalid = -1, World = 0, Node = 1 };
+constexpr ShmemTeam kShmemTeamInvalid = ShmemTeam::Invalid;
+constexpr ShmemTeam kShmemTeamWorld = ShmemTeam::World;
+constexpr ShmemTeam kShmemTeamNode = ShmemTeam::Node;
+
 // Opaque bytes from ShmemGetUniqueId on one rank, handed to every rank by the program (its own broadcast).
 struct mori_shmem_uniqueid_t {
   uint8_t internal[128];

@@ -93,7 +93,8 @@ struct OutFrame {
 // spinning until this very data arrives).
 class GpuLane {
  public:
-  // label: names the link and channel in reports (called only then: the link's name settles after setup).
+  // label: names the link and channel, ending in ": ", in warnings (called only then: the name settles after
+  // setup).
   GpuLane(int device, std::function<std::string()> label) : device_(device), label_(std::move(label)) {}
   ~GpuLane() {
     if (stream_ != nullptr) (void)GpuStreamDestroy(stream_);
@@ -114,10 +115,11 @@ class GpuLane {
     Ensure();
     double seconds = 0;
     GpuStatus s = TimedStreamCopy(dst, src, bytes, stream_, &seconds);
-    MORI_CHECK(s == kGpuSuccess, ErrorCode::Gpu, "%s: copying %zu bytes between GPU and host memory failed: %s%s",
-               label_().c_str(), bytes, GpuGetErrorString(s), SlowProxyCopyHint(seconds).c_str());
+    // (The link's failure report puts the label in front of the error.)
+    MORI_CHECK(s == kGpuSuccess, ErrorCode::Gpu, "copying %zu bytes between GPU and host memory failed: %s%s", bytes,
+               GpuGetErrorString(s), SlowProxyCopyHint(seconds).c_str());
     if (seconds >= kSlowProxyCopyS)
-      MORI_LOG_WARN(Net, "%s: copying %zu bytes between GPU and host memory%s", label_().c_str(), bytes,
+      MORI_LOG_WARN(Net, "%scopying %zu bytes between GPU and host memory%s", label_().c_str(), bytes,
                     SlowProxyCopyHint(seconds).c_str());
   }
 

@@ -1,0 +1,14 @@
+// The library's own kernels (stream_ops.cpp): the host calls that are ordered on a stream.
+#pragma once
+
+namespace mori::shmem::detail {
+
+// Loads the kernels of stream_ops.cpp (ShmemInit calls it): CUDA would otherwise load them at their first
+// launch, which waits for the device to go idle, and a kernel waiting for that launch's work never does.
+void PreloadStreamKernels();
+
+// Whether this PE's kernels may use [p, p + bytes) as the local side of an operation with `pe` (shmem_api.cpp;
+// false before ShmemInit).
+bool LocalReachable(const void* p, size_t bytes, int pe);
+
+}  // namespace mori::shmem::detail
