@@ -83,9 +83,9 @@ def pe_commands(n, mode, per_rank_env):
 
 @pytest.mark.parametrize("transport,np", [("p2p", 2), ("rdma", 2), ("proxy", 2), ("p2p", 4), ("rdma", 4)])
 def test_mpirun(transport, np):
-    mpirun = os.environ.get("MORI_TEST_MPIRUN")
+    mpirun = os.environ.get("MORITEST_MPIRUN")
     if not mpirun:
-        pytest.skip("mori was built without MPI (no MORI_TEST_MPIRUN)")
+        pytest.skip("mori was built without MPI (no MORITEST_MPIRUN)")
     env = base_env(MORI_SHMEM_TRANSPORT=transport)
     argv = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(np)]
     for var in ("PYTHONPATH", "MORI_SHMEM_TRANSPORT", "MORI_TIMEOUT_S", "MORI_SHMEM_HEAP_SIZE", "OMP_NUM_THREADS"):

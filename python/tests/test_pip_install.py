@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SOURCE = os.environ.get("MORI_SOURCE_DIR")
+SOURCE = os.environ.get("MORITEST_SOURCE_DIR")
 
 SMOKE = """
 import mori, mori.shmem as shmem, torch
@@ -26,7 +26,7 @@ print("installed mori", mori.__version__, mori.backend, "OK")
 """
 
 
-@pytest.mark.skipif(not SOURCE, reason="MORI_SOURCE_DIR (the tree to install from) is not set")
+@pytest.mark.skipif(not SOURCE, reason="MORITEST_SOURCE_DIR (the tree to install from) is not set")
 def test_pip_install_offline_into_a_moved_directory(tmp_path):
     tree = tmp_path / "src"
     tree.mkdir()
@@ -36,7 +36,7 @@ def test_pip_install_offline_into_a_moved_directory(tmp_path):
             shutil.copytree(src, tree / part, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
         else:
             shutil.copy2(src, tree / part)
-    env = dict(os.environ, CMAKE_ARGS=os.environ.get("MORI_TEST_CMAKE_ARGS", ""))
+    env = dict(os.environ, CMAKE_ARGS=os.environ.get("MORITEST_CMAKE_ARGS", ""))
     env.pop("PYTHONPATH", None)
     pip = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-index", "--no-deps",
            "--disable-pip-version-check", "--target", str(tmp_path / "site"), str(tree / "python")]
