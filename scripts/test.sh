@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test job (what .ci/run calls): installs what is needed, then
 #   1. builds the HOST backend with warnings as errors and runs every test (unit, multi-process,
-#      network namespaces, mpirun, GPU suites on host threads, install);
+#      network namespaces, mpirun, GPU suites on host threads, install, the Python package under pytest);
 #   2. builds the CUDA backend (compile and link; its tests also run when a GPU is present);
 #   3. compile-checks the HIP backend;
 #   4. builds the HOST backend with ASan+UBSan and runs the tests again;
@@ -45,15 +45,19 @@ build() {  # name, dir, cmake args...
   return 1
 }
 
+# The Python package is built for, and its tests run with, the interpreter install_deps.sh provisions (Debian's
+# python3-torch and python3-pytest), whichever python3 comes first in PATH.
+python_args=()
+[ -x /usr/bin/python3 ] && python_args=(-DPython3_EXECUTABLE=/usr/bin/python3)
 if want host; then
-  build host build-ci-host -DMORI_GPU_BACKEND=HOST && run_ctest host build-ci-host
+  build host build-ci-host -DMORI_GPU_BACKEND=HOST "${python_args[@]}" && run_ctest host build-ci-host
 fi
 if want cuda; then
   nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
   if [ -z "$nvcc" ]; then
     echo "== cuda: no nvcc on this machine, CUDA backend NOT checked"
     summary+=("cuda: not checked (no nvcc)")
-  elif build cuda build-ci-cuda -DMORI_GPU_BACKEND=CUDA -DCMAKE_CUDA_COMPILER="$nvcc"; then
+  elif build cuda build-ci-cuda -DMORI_GPU_BACKEND=CUDA -DCMAKE_CUDA_COMPILER="$nvcc" "${python_args[@]}"; then
     if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
       run_ctest cuda build-ci-cuda
     else
@@ -63,7 +67,7 @@ if want cuda; then
 fi
 if want hip; then
   if command -v hipcc >/dev/null; then
-    build hip build-ci-hip -DMORI_GPU_BACKEND=HIP && summary+=("hip: compiled and linked ($(sed -n 's/.*architectures //p' build-ci-hip.configure.log | head -1))")
+    build hip build-ci-hip -DMORI_GPU_BACKEND=HIP "${python_args[@]}" && summary+=("hip: compiled and linked ($(sed -n 's/.*architectures //p' build-ci-hip.configure.log | head -1))")
   else
     echo "== hip: no hipcc, HIP backend NOT checked"
     summary+=("hip: not checked (no hipcc)")

@@ -24,6 +24,9 @@ struct LogSettings {
   std::mutex loadMutex;
 };
 
+// A fixed buffer, not a std::string: errors may be logged while the thread's destructors run.
+thread_local char lastError[2048];
+
 LogSettings& Settings() {
   static LogSettings* settings = new LogSettings();  // never destroyed: logging may run during exit
   return *settings;
@@ -112,6 +115,10 @@ bool LogEnabled(LogLevel level, LogSubsys subsys) {
   return level == LogLevel::Error || (st.subsysMask.load(std::memory_order_relaxed) & static_cast<uint32_t>(subsys));
 }
 
+const char* LastError() { return lastError; }
+
+void ClearLastError() { lastError[0] = '\0'; }
+
 void ReloadLogSettings() { LoadSettings(Settings()); }
 
 void SetLogRank(int rank) { Settings().rank.store(rank); }
@@ -128,6 +135,7 @@ void LogWrite(LogLevel level, LogSubsys subsys, const char* file, int line, cons
   char message[2048];
   std::vsnprintf(message, sizeof(message), fmt, args);
   va_end(args);
+  if (level == LogLevel::Error) std::snprintf(lastError, sizeof(lastError), "%s", message);
 
   int rank = Settings().rank.load();
   char rankText[16] = "-";

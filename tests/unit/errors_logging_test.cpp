@@ -3,6 +3,8 @@
 
 #include <cerrno>
 #include <fcntl.h>
+#include <string>
+#include <thread>
 
 #include "../common/test_util.hpp"
 #include "mori/core/errors.hpp"
@@ -86,6 +88,27 @@ TEST(Logging, LinesCarryLevelRankAndSubsystem) {
   EXPECT_NE(line.find("[mori INFO rank 5 "), std::string::npos) << line;
   EXPECT_NE(line.find(" shmem] heap of 64 MiB\n"), std::string::npos) << line;
   ReloadLogSettings();
+}
+
+TEST(Logging, LastErrorIsTheCallingThreadsLastErrorLine) {
+  ClearLastError();
+  EXPECT_STREQ(LastError(), "");
+  testing::internal::CaptureStderr();
+  MORI_LOG_WARN(Shmem, "a warning is not an error");
+  MORI_LOG_ERROR(Shmem, "first failure %d", 1);
+  MORI_LOG_ERROR(Shmem, "ShmemFree(%p): not a heap block", static_cast<void*>(nullptr));
+  std::string otherThreadSaw = "unset";
+  std::thread other([&] {
+    otherThreadSaw = LastError();
+    MORI_LOG_ERROR(Rdma, "an error of another thread");
+  });
+  other.join();
+  testing::internal::GetCapturedStderr();
+  EXPECT_EQ(otherThreadSaw, "");
+  EXPECT_NE(std::string(LastError()).find("ShmemFree("), std::string::npos) << LastError();
+  EXPECT_NE(std::string(LastError()).find("not a heap block"), std::string::npos) << LastError();
+  ClearLastError();
+  EXPECT_STREQ(LastError(), "");
 }
 
 TEST(Logging, AMalformedLevelFallsBackWithAWarning) {

@@ -26,6 +26,12 @@ void LogWrite(LogLevel level, LogSubsys subsys, const char* file, int line, cons
 // The rank printed in every line from now on (set by whoever learns it: a bootstrap, ShmemInit).
 void SetLogRank(int rank);
 
+// The message of the last error-level line the calling thread logged since ClearLastError() (printed or
+// not), "" if none. The C-style SHMEM API reports failure only as a code after logging the cause; this is how
+// a caller such as the Python module hands that cause on. Valid until the thread's next error line.
+const char* LastError();
+void ClearLastError();
+
 // Re-read MORI_LOG_LEVEL and MORI_LOG_SUBSYS (they are read once, at the first log call).
 void ReloadLogSettings();
 

@@ -1,0 +1,176 @@
+"""mori's SHMEM host API for PyTorch programs.
+
+init() (from mpirun, torchrun or MORI_* variables) or init_from_process_group() starts the runtime once per
+process. tensor() allocates on the symmetric heap: collective, every PE asks for the same shape and dtype in the
+same order, and each gets its own copy at the same heap offset (a CUDA tensor with a GPU backend, a CPU tensor on
+HOST). peer_tensor() views a peer's copy where this process maps it; free_tensor() gives a tensor back
+(collective); finalize() ends. Failures raise mori.MoriError with mori's message.
+
+Tensors from tensor() and peer_tensor() do not own their memory: after free_tensor() or finalize() they must not
+be used.
+"""
+
+import math
+
+from . import _mori
+from ._mori import MoriError, Transport
+
+__all__ = [
+    "MoriError", "Transport", "init", "init_from_process_group", "finalize", "is_initialized", "my_pe", "n_pes",
+    "transport", "heap_bytes", "tensor", "free_tensor", "peer_tensor", "barrier_all"
+]
+
+# DLPack type codes (dlpack.h DLDataTypeCode).
+_DL_INT, _DL_UINT, _DL_FLOAT, _DL_BFLOAT, _DL_COMPLEX = 0, 1, 2, 4, 5
+
+_dlpack_types = None  # torch dtype -> (DLPack code, bits), filled at first use so that importing needs no torch
+_live = {}  # address -> bytes of every tensor() not yet freed
+
+
+def _torch():
+    import torch
+    import torch.utils.dlpack  # noqa: F401  (a submodule torch does not always import)
+    return torch
+
+
+def _dlpack_type(dtype):
+    global _dlpack_types
+    torch = _torch()
+    if _dlpack_types is None:
+        _dlpack_types = {
+            torch.float64: (_DL_FLOAT, 64), torch.float32: (_DL_FLOAT, 32), torch.float16: (_DL_FLOAT, 16),
+            torch.bfloat16: (_DL_BFLOAT, 16), torch.complex64: (_DL_COMPLEX, 64),
+            torch.complex128: (_DL_COMPLEX, 128), torch.int64: (_DL_INT, 64), torch.int32: (_DL_INT, 32),
+            torch.int16: (_DL_INT, 16), torch.int8: (_DL_INT, 8), torch.uint8: (_DL_UINT, 8),
+            # torch 1.13 does not import DLPack's bool: it travels as uint8 and is viewed as bool after.
+            torch.bool: (_DL_UINT, 8),
+        }
+    if dtype not in _dlpack_types:
+        supported = ", ".join(sorted(str(d) for d in _dlpack_types))
+        raise TypeError(f"mori.shmem: dtype {dtype} is not supported (supported: {supported})")
+    return _dlpack_types[dtype]
+
+
+def _wrap(address, shape, strides, dtype):
+    torch = _torch()
+    code, bits = _dlpack_type(dtype)
+    t = torch.utils.dlpack.from_dlpack(_mori.to_dlpack(address, list(shape), list(strides), code, bits))
+    return t.view(torch.bool) if dtype == torch.bool else t
+
+
+def init():
+    """Starts the runtime from the launch environment: mpirun, torchrun (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT: mori's root listens at MASTER_PORT + 1) or MORI_RANK / MORI_WORLD_SIZE / MORI_BOOTSTRAP_ADDR;
+    a process started by none of them is a job of one."""
+    _mori.init()
+
+
+def init_from_process_group(group=None):
+    """Starts the runtime over the members of a torch.distributed group (default: the world), in group rank
+    order: rank 0 makes a unique id and broadcasts it through the group (gloo or nccl). Collective."""
+    torch = _torch()
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise MoriError("mori.shmem.init_from_process_group: torch.distributed is not initialised "
+                        "(call torch.distributed.init_process_group first)")
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:
+        raise MoriError("mori.shmem.init_from_process_group: this process is not a member of the group")
+    device = torch.device("cpu")
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    uid = torch.zeros(_mori.unique_id_bytes, dtype=torch.uint8)
+    if rank == 0:
+        uid = torch.tensor(list(_mori.get_unique_id()), dtype=torch.uint8)
+    uid = uid.to(device)
+    dist.broadcast(uid, src=_global_rank(dist, group, 0), group=group)
+    _mori.init_with_unique_id(rank, size, bytes(uid.cpu().tolist()))
+
+
+def _global_rank(dist, group, group_rank):
+    if group is None or group is dist.group.WORLD:
+        return group_rank
+    if hasattr(dist, "get_global_rank"):  # torch >= 2.0
+        return dist.get_global_rank(group, group_rank)
+    return dist.distributed_c10d._get_global_rank(group, group_rank)
+
+
+def finalize():
+    """Collective: waits for every PE, then releases the heap. Every tensor on it is invalid afterwards."""
+    try:
+        _mori.finalize()
+    finally:
+        _live.clear()
+
+
+def is_initialized():
+    return _mori.is_initialized()
+
+
+def my_pe():
+    return _mori.my_pe()
+
+
+def n_pes():
+    return _mori.n_pes()
+
+
+def transport(pe):
+    """How this PE reaches `pe`: Transport.Self, P2P (its heap is mapped here), RDMA or Proxy."""
+    return _mori.transport(pe)
+
+
+def heap_bytes():
+    """Bytes of the symmetric heap available to tensor() (MORI_SHMEM_HEAP_SIZE)."""
+    return _mori.heap_bytes()
+
+
+def tensor(shape, dtype=None):
+    """A zero-filled tensor on the symmetric heap. Collective: every PE calls with the same shape and dtype."""
+    torch = _torch()
+    dtype = torch.float32 if dtype is None else dtype
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape):
+        raise ValueError(f"mori.shmem.tensor: negative size in shape {shape}")
+    bits = _dlpack_type(dtype)[1]
+    nbytes = math.prod(shape) * bits // 8
+    address = _mori.allocate(max(nbytes, 1))
+    _live[address] = nbytes
+    return _wrap(address, shape, [], dtype)
+
+
+def _span_bytes(t):
+    """Bytes from t's first element to just past its last (torch strides are never negative)."""
+    if t.numel() == 0:
+        return 0
+    return (1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def free_tensor(t):
+    """Gives a tensor from tensor() back to the heap. Collective: every PE frees its copy, in the same order."""
+    _mori.require_init("mori.shmem.free_tensor")
+    address, nbytes = t.data_ptr(), t.numel() * t.element_size()
+    if _live.get(address) != nbytes:
+        raise MoriError(f"mori.shmem.free_tensor: the {t.dtype} tensor of shape {tuple(t.shape)} at {address:#x} is "
+                        "not a live tensor from mori.shmem.tensor() (freed already, a view of part of one, or "
+                        "not on the symmetric heap)")
+    _mori.free(address)
+    del _live[address]
+
+
+def peer_tensor(t, pe):
+    """A tensor viewing PE `pe`'s copy of `t` (a tensor from tensor(), or a view of one), with t's shape and
+    strides, where the transport to `pe` maps its heap here (Self, P2P); None where it does not (RDMA, Proxy)."""
+    address = _mori.peer_address(t.data_ptr(), _span_bytes(t), pe)
+    if address is None:
+        return None
+    return _wrap(address, t.shape, t.stride(), t.dtype)
+
+
+def barrier_all(stream=None):
+    """Waits until every PE has arrived, after this PE's queued GPU work has finished. `stream` is reserved for
+    the barrier ordered on a stream, which this mori does not have yet."""
+    if stream is not None:
+        raise NotImplementedError("mori.shmem.barrier_all(stream=...): the on-stream barrier is not in this mori "
+                                  "yet; synchronise the stream and call barrier_all()")
+    _mori.barrier_all()

@@ -1,0 +1,255 @@
+// mori._mori, the extension module under the Python package: the SHMEM host API with Python errors (a failed
+// call raises mori.MoriError carrying the line mori logged for it) and symmetric memory handed out as DLPack
+// capsules, which mori/shmem.py turns into torch tensors: the module links no torch, so one build serves any.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dlpack.hpp"
+#include "mori/core/config.hpp"
+#include "mori/core/format.hpp"
+#include "mori/core/gpu.hpp"
+#include "mori/core/logging.hpp"
+#include "mori/shmem/shmem_api.hpp"
+
+namespace py = pybind11;
+
+namespace mori::python {
+namespace {
+
+class MoriError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The GPU the runtime put the heap on (init chooses it): the device of every tensor on the heap.
+int heapDevice = 0;
+
+[[noreturn]] void RaiseLogged(const char* op) {
+  std::string cause = core::LastError();
+  throw MoriError(std::string(op) + ": " + (cause.empty() ? "failed (mori logged no cause)" : cause));
+}
+
+void RequireInit(const char* op) {
+  if (!shmem::ShmemIsInitialized()) {
+    throw MoriError(std::string(op) + ": called before mori.shmem.init() (or after mori.shmem.finalize())");
+  }
+}
+
+// Runs one C-style SHMEM call with the GIL released (it may wait for every PE). The calling thread's last
+// error is cleared first: a call that returns no code fails by logging an error line (LoggedError() after it).
+template <typename F>
+auto Unlocked(F&& call) {
+  core::ClearLastError();
+  py::gil_scoped_release unlocked;
+  return call();
+}
+
+bool LoggedError() { return core::LastError()[0] != '\0'; }
+
+void CheckCode(const char* op, int rc) {
+  if (rc != 0) RaiseLogged(op);
+}
+
+void RecordHeapDevice() {
+  int device = 0;
+  if (core::GpuGetDevice(&device) == core::kGpuSuccess) heapDevice = device;
+}
+
+DLDevice HeapDlDevice() {
+#if MORI_BACKEND_CUDA
+  return {kDLCUDA, heapDevice};
+#elif MORI_BACKEND_HIP
+  return {kDLROCM, heapDevice};
+#else
+  return {kDLCPU, 0};
+#endif
+}
+
+void Init() {
+  CheckCode("mori.shmem.init", Unlocked([] { return shmem::ShmemInit(); }));
+  RecordHeapDevice();
+}
+
+py::bytes GetUniqueId() {
+  shmem::mori_shmem_uniqueid_t uid{};
+  CheckCode("mori.shmem.init_from_process_group", Unlocked([&] { return shmem::ShmemGetUniqueId(&uid); }));
+  return py::bytes(reinterpret_cast<const char*>(uid.internal), sizeof(uid.internal));
+}
+
+void InitWithUniqueId(int rank, int nRanks, const std::string& id) {
+  const char* op = "mori.shmem.init_from_process_group";
+  shmem::mori_shmem_uniqueid_t uid{};
+  if (id.size() != sizeof(uid.internal)) {
+    throw MoriError(core::StrFormat("%s: the unique id has %zu bytes, not %zu", op, id.size(), sizeof(uid.internal)));
+  }
+  std::copy(id.begin(), id.end(), uid.internal);
+  shmem::mori_shmem_init_attr_t attr;
+  CheckCode(op, Unlocked([&] { return shmem::ShmemSetAttrUniqueIdArgs(rank, nRanks, &uid, &attr); }));
+  CheckCode(op, Unlocked([&] { return shmem::ShmemInitAttr(shmem::MORI_SHMEM_INIT_WITH_UNIQUEID, &attr); }));
+  RecordHeapDevice();
+}
+
+void Finalize() {
+  CheckCode("mori.shmem.finalize", Unlocked([] { return shmem::ShmemFinalize(); }));
+}
+
+int MyPe() {
+  RequireInit("mori.shmem.my_pe");
+  return shmem::ShmemMyPe();
+}
+
+int NPes() {
+  RequireInit("mori.shmem.n_pes");
+  return shmem::ShmemNPes();
+}
+
+void CheckPe(const char* op, int pe) {
+  int n = shmem::ShmemNPes();
+  if (pe < 0 || pe >= n) throw MoriError(core::StrFormat("%s: PE %d is not in [0, %d)", op, pe, n));
+}
+
+shmem::TransportType Transport(int pe) {
+  const char* op = "mori.shmem.transport";
+  RequireInit(op);
+  CheckPe(op, pe);
+  shmem::TransportType t = Unlocked([pe] { return shmem::ShmemTransportType(pe); });
+  if (LoggedError()) RaiseLogged(op);
+  return t;
+}
+
+size_t HeapBytes() {
+  RequireInit("mori.shmem.heap_bytes");
+  return shmem::ShmemHeapBytes();
+}
+
+// Collective. Zero-filled, so that a tensor never shows what an earlier one left.
+uintptr_t Allocate(size_t bytes) {
+  const char* op = "mori.shmem.tensor";
+  RequireInit(op);
+  if (bytes == 0) throw MoriError(core::StrFormat("%s: zero bytes requested", op));
+  void* p = Unlocked([bytes] { return shmem::ShmemCalloc(1, bytes); });
+  if (p == nullptr) RaiseLogged(op);
+  return reinterpret_cast<uintptr_t>(p);
+}
+
+void Free(uintptr_t address) {
+  const char* op = "mori.shmem.free_tensor";
+  RequireInit(op);
+  Unlocked([address] { shmem::ShmemFree(reinterpret_cast<void*>(address)); });
+  if (LoggedError()) RaiseLogged(op);
+}
+
+void BarrierAll() {
+  const char* op = "mori.shmem.barrier_all";
+  RequireInit(op);
+  Unlocked([] { shmem::ShmemBarrierAll(); });
+  if (LoggedError()) RaiseLogged(op);
+}
+
+// Where `pe`'s copy of [address, address + bytes) is mapped in this process, or None where the transport to
+// `pe` maps nothing. The range must lie on this PE's heap.
+std::optional<uintptr_t> PeerAddress(uintptr_t address, size_t bytes, int pe) {
+  const char* op = "mori.shmem.peer_tensor";
+  RequireInit(op);
+  CheckPe(op, pe);
+  int me = shmem::ShmemMyPe();
+  auto* first = reinterpret_cast<const void*>(address);
+  auto* last = reinterpret_cast<const void*>(address + (bytes == 0 ? 0 : bytes - 1));
+  if (shmem::ShmemPtr(first, me) == nullptr || shmem::ShmemPtr(last, me) == nullptr) {
+    throw MoriError(
+        core::StrFormat("%s: [%p, +%zu bytes) is not on this PE's symmetric heap (it starts at %p); "
+                        "pass a tensor from mori.shmem.tensor() or a view of one",
+                        op, first, bytes, shmem::ShmemHeapBase()));
+  }
+  void* peer = shmem::ShmemPtr(first, pe);
+  if (peer == nullptr) return std::nullopt;
+  return reinterpret_cast<uintptr_t>(peer);
+}
+
+struct DlpackOwner {
+  DLManagedTensor managed{};
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+};
+
+void DeleteDlpackOwner(DLManagedTensor* self) { delete static_cast<DlpackOwner*>(self->manager_ctx); }
+
+// A consumer renames the capsule and calls the deleter itself; a capsule nobody consumed still owns the tensor.
+void DestroyDlpackCapsule(PyObject* capsule) {
+  if (!PyCapsule_IsValid(capsule, kDlpackCapsuleName)) return;
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kDlpackCapsuleName));
+  managed->deleter(managed);
+}
+
+// A "dltensor" capsule describing heap memory at `address` (strides in elements; empty: row-major). The
+// tensor made from it does not own the memory: free_tensor() gives it back, collectively.
+py::object ToDlpack(uintptr_t address, std::vector<int64_t> shape, std::vector<int64_t> strides, int code, int bits) {
+  if (strides.empty()) {
+    strides.assign(shape.size(), 1);
+    for (size_t i = shape.size(); i-- > 1;) strides[i - 1] = strides[i] * shape[i];
+  }
+  if (strides.size() != shape.size()) {
+    throw MoriError(core::StrFormat("dlpack: %zu strides for %zu dimensions", strides.size(), shape.size()));
+  }
+  auto owner = std::make_unique<DlpackOwner>();
+  owner->shape = std::move(shape);
+  owner->strides = std::move(strides);
+  DLTensor& t = owner->managed.dl_tensor;
+  t.data = reinterpret_cast<void*>(address);
+  t.device = HeapDlDevice();
+  t.ndim = static_cast<int32_t>(owner->shape.size());
+  t.dtype = {static_cast<uint8_t>(code), static_cast<uint8_t>(bits), 1};
+  t.shape = owner->shape.data();
+  t.strides = owner->strides.data();
+  t.byte_offset = 0;
+  owner->managed.manager_ctx = owner.get();
+  owner->managed.deleter = DeleteDlpackOwner;
+  PyObject* capsule = PyCapsule_New(&owner->managed, kDlpackCapsuleName, DestroyDlpackCapsule);
+  if (capsule == nullptr) throw py::error_already_set();
+  owner.release();
+  return py::reinterpret_steal<py::object>(capsule);
+}
+
+}  // namespace
+}  // namespace mori::python
+
+PYBIND11_MODULE(_mori, m) {
+  using namespace mori::python;
+  namespace shmem = mori::shmem;
+  m.doc() = "mori's SHMEM host API (internal: use mori.shmem)";
+  m.attr("__version__") = MORI_VERSION_STRING;
+  m.attr("backend") = MORI_BACKEND_NAME;
+  m.attr("unique_id_bytes") = sizeof(shmem::mori_shmem_uniqueid_t);
+  py::register_exception<MoriError>(m, "MoriError", PyExc_RuntimeError);
+
+  py::enum_<shmem::TransportType>(m, "Transport", "How this PE reaches a peer")
+      .value("Self", shmem::TransportType::Self)
+      .value("P2P", shmem::TransportType::P2P)
+      .value("RDMA", shmem::TransportType::RDMA)
+      .value("Proxy", shmem::TransportType::Proxy);
+
+  m.def("init", &Init);
+  m.def("get_unique_id", &GetUniqueId);
+  m.def("init_with_unique_id", &InitWithUniqueId, py::arg("rank"), py::arg("n_ranks"), py::arg("unique_id"));
+  m.def("finalize", &Finalize);
+  m.def("is_initialized", [] { return shmem::ShmemIsInitialized(); });
+  m.def("require_init", [](const std::string& op) { RequireInit(op.c_str()); });
+  m.def("my_pe", &MyPe);
+  m.def("n_pes", &NPes);
+  m.def("transport", &Transport, py::arg("pe"));
+  m.def("heap_bytes", &HeapBytes);
+  m.def("allocate", &Allocate, py::arg("bytes"));
+  m.def("free", &Free, py::arg("address"));
+  m.def("barrier_all", &BarrierAll);
+  m.def("peer_address", &PeerAddress, py::arg("address"), py::arg("bytes"), py::arg("pe"));
+  m.def("to_dlpack", &ToDlpack, py::arg("address"), py::arg("shape"), py::arg("strides"), py::arg("code"),
+        py::arg("bits"));
+}

@@ -1,0 +1,166 @@
+"""mori.shmem in one process (a job of one: no launcher variables): lifecycle, symmetric tensors of every dtype,
+views, and every error a user can make raising mori.MoriError with the cause."""
+
+import os
+
+import pytest
+import torch
+
+import mori
+import mori.shmem as shmem
+from patterns import DTYPES, expect_device, pattern
+
+for var in ("RANK", "WORLD_SIZE", "MORI_RANK", "MORI_WORLD_SIZE", "MORI_BOOTSTRAP_ADDR", "OMPI_COMM_WORLD_RANK",
+            "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"):
+    os.environ.pop(var, None)
+
+
+@pytest.fixture()
+def pe():
+    if not shmem.is_initialized():
+        shmem.init()
+    yield shmem.my_pe()
+
+
+def teardown_module():
+    if shmem.is_initialized():
+        shmem.finalize()
+
+
+def test_lifecycle_and_use_before_init():
+    if shmem.is_initialized():  # another test ran first
+        shmem.finalize()
+    for call in (shmem.my_pe, shmem.n_pes, shmem.heap_bytes, shmem.barrier_all, lambda: shmem.transport(0),
+                 lambda: shmem.tensor((4,)), lambda: shmem.free_tensor(torch.zeros(4)),
+                 lambda: shmem.peer_tensor(torch.zeros(4), 0)):
+        with pytest.raises(mori.MoriError, match=r"called before mori\.shmem\.init\(\)"):
+            call()
+    with pytest.raises(mori.MoriError, match="ShmemFinalize without ShmemInit"):
+        shmem.finalize()
+    shmem.init()
+    assert shmem.is_initialized() and shmem.my_pe() == 0 and shmem.n_pes() == 1
+    with pytest.raises(mori.MoriError, match="already initialised"):
+        shmem.init()
+    shmem.finalize()
+    assert not shmem.is_initialized()
+    with pytest.raises(mori.MoriError, match="before"):
+        shmem.tensor((4,))
+    shmem.init()  # a second run in the same process
+    t = shmem.tensor((16,), torch.int32)
+    t.copy_(pattern((16,), torch.int32, 5))
+    assert torch.equal(shmem.peer_tensor(t, 0), pattern((16,), torch.int32, 5))
+    shmem.free_tensor(t)
+    shmem.finalize()
+
+
+def test_is_a_runtime_error():
+    assert issubclass(mori.MoriError, RuntimeError)
+
+
+def test_transport_to_self(pe):
+    assert shmem.transport(pe) == shmem.Transport.Self
+    assert {t.name for t in (shmem.Transport.Self, shmem.Transport.P2P, shmem.Transport.RDMA,
+                             shmem.Transport.Proxy)} == {"Self", "P2P", "RDMA", "Proxy"}
+
+
+def test_tensors_of_every_dtype_are_zeroed_disjoint_and_keep_their_data(pe):
+    shape = (5, 7)
+    tensors = {dtype: shmem.tensor(shape, dtype) for dtype in DTYPES}
+    spans = []
+    for seed, (dtype, t) in enumerate(tensors.items()):
+        assert t.dtype == dtype and tuple(t.shape) == shape and t.is_contiguous()
+        assert t.device.type == expect_device(mori.backend)
+        assert not (t != 0).any().item(), f"{dtype} tensor not zero-filled"
+        spans.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()))
+        t.copy_(pattern(shape, dtype, seed, t.device))
+    spans.sort()
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), "heap blocks overlap"
+    for seed, (dtype, t) in enumerate(tensors.items()):
+        assert torch.equal(t.cpu(), pattern(shape, dtype, seed)), f"{dtype} data changed"
+        own = shmem.peer_tensor(t, pe)
+        assert own.data_ptr() == t.data_ptr() and own.dtype == dtype and torch.equal(own, t)
+    for t in tensors.values():
+        shmem.free_tensor(t)
+
+
+def test_peer_tensor_of_a_strided_view_writes_only_its_elements(pe):
+    t = shmem.tensor((6, 8), torch.int64)
+    t.copy_(pattern((6, 8), torch.int64, 1, t.device))
+    view = t[1:5, 2:7:2]
+    peer = shmem.peer_tensor(view, pe)
+    assert peer.shape == view.shape and peer.stride() == view.stride() and peer.data_ptr() == view.data_ptr()
+    peer.copy_(pattern(tuple(view.shape), torch.int64, 9, t.device))
+    expected = pattern((6, 8), torch.int64, 1)
+    expected[1:5, 2:7:2] = pattern(tuple(view.shape), torch.int64, 9)
+    assert torch.equal(t.cpu(), expected)
+    shmem.free_tensor(t)
+
+
+def test_scalar_shape_and_int_shape(pe):
+    a = shmem.tensor(10, torch.float16)
+    b = shmem.tensor((), torch.int32)
+    assert tuple(a.shape) == (10,) and b.dim() == 0 and b.item() == 0
+    shmem.free_tensor(b)
+    shmem.free_tensor(a)
+
+
+def test_bad_pe_raises(pe):
+    t = shmem.tensor((4,), torch.float32)
+    for bad in (1, -1, 1000):
+        with pytest.raises(mori.MoriError, match=rf"PE {bad} is not in \[0, 1\)"):
+            shmem.transport(bad)
+        with pytest.raises(mori.MoriError, match=rf"PE {bad} is not in \[0, 1\)"):
+            shmem.peer_tensor(t, bad)
+    shmem.free_tensor(t)
+
+
+def test_tensor_not_on_the_heap_raises(pe):
+    foreign = torch.arange(8, dtype=torch.float32, device=expect_device(mori.backend))
+    with pytest.raises(mori.MoriError, match="is not on this PE's symmetric heap"):
+        shmem.peer_tensor(foreign, pe)
+    with pytest.raises(mori.MoriError, match=r"not a live tensor from mori\.shmem\.tensor\(\)"):
+        shmem.free_tensor(foreign)
+    # The runtime's own check, past the package's bookkeeping.
+    with pytest.raises(mori.MoriError, match="not a block from ShmemMalloc"):
+        mori._mori.free(foreign.data_ptr())
+    assert torch.equal(foreign.cpu(), torch.arange(8, dtype=torch.float32))
+
+
+def test_free_twice_or_a_partial_view_raises(pe):
+    t = shmem.tensor((4, 4), torch.int32)
+    with pytest.raises(mori.MoriError, match="not a live tensor"):
+        shmem.free_tensor(t[1:])
+    with pytest.raises(mori.MoriError, match="not a live tensor"):
+        shmem.free_tensor(t[:2])  # starts where t does, but covers half of it
+    shmem.free_tensor(t)
+    with pytest.raises(mori.MoriError, match="not a live tensor"):
+        shmem.free_tensor(t)
+
+
+def test_out_of_heap_raises_and_leaves_the_heap_usable(pe):
+    total = shmem.heap_bytes()
+    with pytest.raises(mori.MoriError, match="the symmetric heap cannot hold it"):
+        shmem.tensor((total + 1,), torch.uint8)
+    big = shmem.tensor((total // 2,), torch.uint8)
+    with pytest.raises(mori.MoriError, match="cannot hold"):
+        shmem.tensor((total // 2 + 4096,), torch.uint8)
+    shmem.free_tensor(big)
+    again = shmem.tensor((total // 2 + 4096,), torch.uint8)  # the space came back
+    again[-1] = 7
+    assert again[-1].item() == 7
+    shmem.free_tensor(again)
+
+
+def test_bad_arguments_raise(pe):
+    with pytest.raises(ValueError, match="negative"):
+        shmem.tensor((2, -1))
+    with pytest.raises(TypeError, match="not supported"):
+        shmem.tensor((2,), torch.complex32)
+    with pytest.raises(NotImplementedError, match="on-stream barrier"):
+        shmem.barrier_all(stream=object())
+    shmem.barrier_all()
+
+
+def test_init_from_process_group_needs_torch_distributed(pe):
+    with pytest.raises(mori.MoriError, match="torch.distributed is not initialised"):
+        shmem.init_from_process_group()
