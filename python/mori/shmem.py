@@ -13,11 +13,13 @@ be used.
 import math
 
 from . import _mori
-from ._mori import MoriError, Transport
+from ._mori import CmpOp, MoriError, SignalOp, Transport
 
 __all__ = [
     "MoriError", "Transport", "init", "init_from_process_group", "finalize", "is_initialized", "my_pe", "n_pes",
-    "transport", "heap_bytes", "tensor", "free_tensor", "peer_tensor", "barrier_all"
+    "transport", "heap_bytes", "tensor", "free_tensor", "peer_tensor", "barrier_all", "SignalOp", "CmpOp", "put",
+    "get", "put_signal", "signal_wait_until", "quiet", "register_buffer", "unregister_buffer", "Team", "team_world",
+    "team_node", "team_split_strided"
 ]
 
 # DLPack type codes (dlpack.h DLDataTypeCode).
@@ -168,9 +170,159 @@ def peer_tensor(t, pe):
 
 
 def barrier_all(stream=None):
-    """Waits until every PE has arrived, after this PE's queued GPU work has finished. `stream` is reserved for
-    the barrier ordered on a stream, which this mori does not have yet."""
-    if stream is not None:
-        raise NotImplementedError("mori.shmem.barrier_all(stream=...): the on-stream barrier is not in this mori "
-                                  "yet; synchronise the stream and call barrier_all()")
-    _mori.barrier_all()
+    """Waits until every PE has arrived. stream=None: on the host, after this PE's queued GPU work has finished.
+    With a torch stream: a barrier ordered with the work on that stream (the host does not wait)."""
+    if stream is None:
+        _mori.barrier_all()
+    else:
+        _mori.barrier_all_on_stream(_stream_handle(stream, "mori.shmem.barrier_all"))
+
+
+# ---- data movement from the host, ordered on a stream ----
+#
+# put, get, put_signal, signal_wait_until and quiet run as small kernels on a stream: `stream` is a torch stream,
+# None meaning torch's current stream of the heap's GPU. On HOST (no GPU; CPU tensors) each call returns when
+# its work is done. Symmetric arguments (put's dst, get's src, the signal) are tensors from tensor() or views of
+# one; the other side is any contiguous tensor on this PE's device (over RDMA or the proxy it must be on the heap
+# or registered with register_buffer()). A put is complete at its target after a later quiet() or barrier on the
+# same stream.
+
+
+def _stream_handle(stream, op):
+    if _mori.backend == "HOST":
+        if stream is not None:
+            raise MoriError(f"{op}: streams need a GPU backend (this mori is {_mori.backend}); pass stream=None")
+        return 0
+    torch = _torch()
+    if stream is None:
+        stream = torch.cuda.current_stream()
+    return int(stream.cuda_stream)
+
+
+def _span(t, what, op):
+    """Address and bytes of a contiguous tensor."""
+    if not t.is_contiguous():
+        raise MoriError(f"{op}: {what} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
+    return t.data_ptr(), t.numel() * t.element_size()
+
+
+def _same_bytes(op, dst, src):
+    d, nd = _span(dst, "dst", op)
+    s, ns = _span(src, "src", op)
+    if nd != ns:
+        raise MoriError(f"{op}: dst has {nd} bytes and src {ns}")
+    return d, s, nd
+
+
+def _signal_word(sig, op):
+    torch = _torch()
+    if sig.dtype not in (torch.int64, getattr(torch, "uint64", torch.int64)) or sig.numel() != 1:
+        raise MoriError(f"{op}: the signal must be one int64 element of a symmetric tensor (got {sig.dtype}, "
+                        f"{sig.numel()} elements)")
+    return sig.data_ptr()
+
+
+def put(dst, src, pe, stream=None):
+    """Copies src (local) into PE `pe`'s copy of dst (symmetric)."""
+    op = "mori.shmem.put"
+    d, s, n = _same_bytes(op, dst, src)
+    _mori.put(d, s, n, pe, _stream_handle(stream, op))
+
+
+def get(dst, src, pe, stream=None):
+    """Copies PE `pe`'s copy of src (symmetric) into dst (local)."""
+    op = "mori.shmem.get"
+    d, s, n = _same_bytes(op, dst, src)
+    _mori.get(d, s, n, pe, _stream_handle(stream, op))
+
+
+def put_signal(dst, src, sig, value, op, pe, stream=None):
+    """put(dst, src, pe), then PE `pe`'s copy of `sig` is set to (SignalOp.Set) or increased by (SignalOp.Add)
+    `value`, never before the data is there."""
+    name = "mori.shmem.put_signal"
+    d, s, n = _same_bytes(name, dst, src)
+    _mori.put_signal(d, s, n, _signal_word(sig, name), int(value), op, pe, _stream_handle(stream, name))
+
+
+def signal_wait_until(sig, cmp, value, stream=None):
+    """Work queued on the stream after this waits until this PE's `sig` compares `cmp` with `value` (bounded by
+    MORI_TIMEOUT_S); on HOST the call returns then."""
+    name = "mori.shmem.signal_wait_until"
+    _mori.signal_wait_until(_signal_word(sig, name), cmp, int(value), _stream_handle(stream, name))
+
+
+def quiet(stream=None):
+    """Every put and get issued before on this PE is complete at its target."""
+    _mori.quiet(_stream_handle(stream, "mori.shmem.quiet"))
+
+
+def register_buffer(t):
+    """Lets the NIC or the proxy read and write a contiguous tensor outside the heap (put sources, get
+    destinations over RDMA and Proxy). Not collective."""
+    address, nbytes = _span(t, "the tensor", "mori.shmem.register_buffer")
+    _mori.register_buffer(address, nbytes)
+
+
+def unregister_buffer(t):
+    """Undoes register_buffer(t), after a quiet() that covers every operation on it."""
+    _mori.unregister_buffer(t.data_ptr())
+
+
+# ---- teams ----
+
+
+class Team:
+    """A subset of the PEs numbered 0..n_pes()-1, the same handle on every member. team_world() and team_node()
+    (the PEs of this host) always exist; team_split_strided() makes others."""
+
+    def __init__(self, handle):
+        self.handle = handle
+
+    def __repr__(self):
+        return f"Team({self.handle}: PE {self.my_pe()} of {self.n_pes()})"
+
+    def __eq__(self, other):
+        return isinstance(other, Team) and other.handle == self.handle
+
+    def __hash__(self):
+        return hash(self.handle)
+
+    def my_pe(self):
+        """This PE's number in the team (-1 once destroyed)."""
+        return _mori.team_my_pe(self.handle)
+
+    def n_pes(self):
+        return _mori.team_n_pes(self.handle)
+
+    def translate_pe(self, pe, to=None):
+        """The number in team `to` (default: the world) of this team's member `pe`, -1 when it is not in `to`."""
+        return _mori.team_translate_pe(self.handle, pe, (to or team_world()).handle)
+
+    def sync(self, stream=None):
+        """Waits until every member has called it: on the host (after this PE's queued GPU work) with
+        stream=None, else ordered on the stream."""
+        if stream is None:
+            _mori.team_sync(self.handle)
+        else:
+            _mori.team_sync(self.handle, _stream_handle(stream, "mori.shmem.Team.sync"))
+
+    def destroy(self):
+        """Local; after the team's last sync on every member. World and node cannot be destroyed."""
+        _mori.team_destroy(self.handle)
+
+
+def team_world():
+    _mori.require_init("mori.shmem.team_world")
+    return Team(_mori.team_world)
+
+
+def team_node():
+    _mori.require_init("mori.shmem.team_node")
+    return Team(_mori.team_node)
+
+
+def team_split_strided(parent, start, stride, size):
+    """Collective over `parent`: its members start, start + stride, ... (size of them) form a new team. Returns
+    it on the members and None on the other PEs of the parent."""
+    handle = _mori.team_split_strided(parent.handle, start, stride, size)
+    return None if handle == _mori.team_invalid else Team(handle)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -174,6 +175,108 @@ std::optional<uintptr_t> PeerAddress(uintptr_t address, size_t bytes, int pe) {
   return reinterpret_cast<uintptr_t>(peer);
 }
 
+// ---- calls ordered on a stream, teams, registration ----
+
+// A stream handle from Python (torch's cuda_stream integer; 0: the default stream).
+core::GpuStream StreamOf(uintptr_t handle) { return reinterpret_cast<core::GpuStream>(handle); }
+
+// On HOST a "stream" is a worker thread, while torch's CPU tensors are read and written at once: the call
+// returns when its work is done, so what follows in Python sees it. On GPUs the work stays queued on the stream.
+void Settle(const char* op, uintptr_t stream) {
+#if MORI_BACKEND_HOST
+  core::GpuStatus s = Unlocked([stream] { return core::GpuStreamSynchronize(StreamOf(stream)); });
+  if (s != core::kGpuSuccess) {
+    throw MoriError(core::StrFormat("%s: the work on the stream failed: %s (the log above names the cause)", op,
+                                    core::GpuGetErrorString(s)));
+  }
+#else
+  (void)op;
+  (void)stream;
+#endif
+}
+
+void OnStream(const char* op, uintptr_t stream, const std::function<int()>& call) {
+  RequireInit(op);
+  CheckCode(op, Unlocked(call));
+  Settle(op, stream);
+}
+
+void Put(uintptr_t dst, uintptr_t src, size_t bytes, int pe, uintptr_t stream) {
+  OnStream("mori.shmem.put", stream, [=] {
+    return shmem::ShmemPutMemOnStream(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, pe,
+                                      StreamOf(stream));
+  });
+}
+
+void Get(uintptr_t dst, uintptr_t src, size_t bytes, int pe, uintptr_t stream) {
+  OnStream("mori.shmem.get", stream, [=] {
+    return shmem::ShmemGetMemOnStream(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes, pe,
+                                      StreamOf(stream));
+  });
+}
+
+void PutSignal(uintptr_t dst, uintptr_t src, size_t bytes, uintptr_t sig, uint64_t value, shmem::SignalOp op, int pe,
+               uintptr_t stream) {
+  OnStream("mori.shmem.put_signal", stream, [=] {
+    return shmem::ShmemPutMemSignalOnStream(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,
+                                            reinterpret_cast<uint64_t*>(sig), value, op, pe, StreamOf(stream));
+  });
+}
+
+void SignalWaitUntil(uintptr_t sig, shmem::CmpOp cmp, uint64_t value, uintptr_t stream) {
+  OnStream("mori.shmem.signal_wait_until", stream, [=] {
+    return shmem::ShmemSignalWaitUntilOnStream(reinterpret_cast<uint64_t*>(sig), cmp, value, StreamOf(stream));
+  });
+}
+
+void Quiet(uintptr_t stream) {
+  OnStream("mori.shmem.quiet", stream, [=] { return shmem::ShmemQuietOnStream(StreamOf(stream)); });
+}
+
+void BarrierAllOnStream(uintptr_t stream) {
+  OnStream("mori.shmem.barrier_all", stream, [=] { return shmem::ShmemBarrierAllOnStream(StreamOf(stream)); });
+}
+
+int TeamSplitStrided(int parent, int start, int stride, int size) {
+  const char* op = "mori.shmem.team_split_strided";
+  RequireInit(op);
+  shmem::ShmemTeam out = shmem::kShmemTeamInvalid;
+  CheckCode(op, Unlocked([&] {
+              return shmem::ShmemTeamSplitStrided(static_cast<shmem::ShmemTeam>(parent), start, stride, size, &out);
+            }));
+  return static_cast<int>(out);
+}
+
+void TeamDestroy(int team) {
+  const char* op = "mori.shmem.Team.destroy";
+  RequireInit(op);
+  Unlocked([team] { shmem::ShmemTeamDestroy(static_cast<shmem::ShmemTeam>(team)); });
+  if (LoggedError()) RaiseLogged(op);
+}
+
+void TeamSync(int team, std::optional<uintptr_t> stream) {
+  const char* op = "mori.shmem.Team.sync";
+  if (!stream) {
+    RequireInit(op);
+    CheckCode(op, Unlocked([team] { return shmem::ShmemTeamSync(static_cast<shmem::ShmemTeam>(team)); }));
+    return;
+  }
+  OnStream(op, *stream,
+           [=] { return shmem::ShmemTeamSyncOnStream(static_cast<shmem::ShmemTeam>(team), StreamOf(*stream)); });
+}
+
+void RegisterBuffer(uintptr_t address, size_t bytes) {
+  const char* op = "mori.shmem.register_buffer";
+  RequireInit(op);
+  CheckCode(op, Unlocked([=] { return shmem::ShmemBufferRegister(reinterpret_cast<void*>(address), bytes); }));
+}
+
+void UnregisterBuffer(uintptr_t address) {
+  const char* op = "mori.shmem.unregister_buffer";
+  RequireInit(op);
+  CheckCode(op, Unlocked([=] { return shmem::ShmemBufferUnregister(reinterpret_cast<void*>(address)); }));
+}
+
 struct DlpackOwner {
   DLManagedTensor managed{};
   std::vector<int64_t> shape;
@@ -250,6 +353,37 @@ PYBIND11_MODULE(_mori, m) {
   m.def("free", &Free, py::arg("address"));
   m.def("barrier_all", &BarrierAll);
   m.def("peer_address", &PeerAddress, py::arg("address"), py::arg("bytes"), py::arg("pe"));
+  py::enum_<shmem::SignalOp>(m, "SignalOp", "What a signal does to its word")
+      .value("Set", shmem::SignalOp::Set)
+      .value("Add", shmem::SignalOp::Add);
+  py::enum_<shmem::CmpOp>(m, "CmpOp", "How a wait compares its word with the value")
+      .value("EQ", shmem::CmpOp::EQ)
+      .value("NE", shmem::CmpOp::NE)
+      .value("GT", shmem::CmpOp::GT)
+      .value("GE", shmem::CmpOp::GE)
+      .value("LT", shmem::CmpOp::LT)
+      .value("LE", shmem::CmpOp::LE);
+  m.attr("team_world") = static_cast<int>(shmem::kShmemTeamWorld);
+  m.attr("team_node") = static_cast<int>(shmem::kShmemTeamNode);
+  m.attr("team_invalid") = static_cast<int>(shmem::kShmemTeamInvalid);
+  m.def("put", &Put, py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("pe"), py::arg("stream"));
+  m.def("get", &Get, py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("pe"), py::arg("stream"));
+  m.def("put_signal", &PutSignal, py::arg("dst"), py::arg("src"), py::arg("bytes"), py::arg("sig"), py::arg("value"),
+        py::arg("op"), py::arg("pe"), py::arg("stream"));
+  m.def("signal_wait_until", &SignalWaitUntil, py::arg("sig"), py::arg("cmp"), py::arg("value"), py::arg("stream"));
+  m.def("quiet", &Quiet, py::arg("stream"));
+  m.def("barrier_all_on_stream", &BarrierAllOnStream, py::arg("stream"));
+  m.def("team_split_strided", &TeamSplitStrided, py::arg("parent"), py::arg("start"), py::arg("stride"),
+        py::arg("size"));
+  m.def("team_destroy", &TeamDestroy, py::arg("team"));
+  m.def("team_my_pe", [](int team) { return shmem::ShmemTeamMyPe(static_cast<shmem::ShmemTeam>(team)); });
+  m.def("team_n_pes", [](int team) { return shmem::ShmemTeamNPes(static_cast<shmem::ShmemTeam>(team)); });
+  m.def("team_translate_pe", [](int from, int pe, int to) {
+    return shmem::ShmemTeamTranslatePe(static_cast<shmem::ShmemTeam>(from), pe, static_cast<shmem::ShmemTeam>(to));
+  });
+  m.def("team_sync", &TeamSync, py::arg("team"), py::arg("stream") = py::none());
+  m.def("register_buffer", &RegisterBuffer, py::arg("address"), py::arg("bytes"));
+  m.def("unregister_buffer", &UnregisterBuffer, py::arg("address"));
   m.def("to_dlpack", &ToDlpack, py::arg("address"), py::arg("shape"), py::arg("strides"), py::arg("code"),
         py::arg("bits"));
 }

@@ -84,6 +84,59 @@ def exchange(me, n, dtype, device):
     shmem.free_tensor(t)
 
 
+def ops_and_teams(me, n, device):
+    """put_signal around the ring and the wait for it, get from the right, put + quiet + barrier; then the even
+    and the odd PEs as teams, each syncing and exchanging within itself while the other does the same."""
+    right, left = (me + 1) % n, (me - 1) % n
+    cols = 3000
+    buf = shmem.tensor((cols,), torch.int32)
+    sig = shmem.tensor((1,), torch.int64)
+    guard = shmem.tensor((128,), torch.int32)
+    mine = pattern((cols,), torch.int32, 500 + me, device)
+    src = shmem.tensor((cols,), torch.int32)  # on the heap: every transport reads it
+    src.copy_(mine)
+    shmem.barrier_all()
+    shmem.put_signal(buf, src, sig[0], 3, shmem.SignalOp.Add, right)
+    shmem.signal_wait_until(sig[0], shmem.CmpOp.EQ, 3)
+    if mori.backend != "HOST":
+        torch.cuda.current_stream().synchronize()
+    check(torch.equal(buf.cpu(), pattern((cols,), torch.int32, 500 + left)), "put_signal: the left's data")
+    back = shmem.tensor((cols,), torch.int32)
+    shmem.barrier_all()
+    shmem.get(back, buf, right)  # the right's copy holds what this PE sent it
+    shmem.quiet()
+    shmem.barrier_all(stream=None if mori.backend == "HOST" else torch.cuda.current_stream())
+    if mori.backend != "HOST":
+        torch.cuda.current_stream().synchronize()
+    check(torch.equal(back.cpu(), mine.cpu()), "get from the right")
+    check(torch.count_nonzero(guard.cpu()) == 0, "the guard tensor changed")
+    world = shmem.team_world()
+    evens = shmem.team_split_strided(world, 0, 2, (n + 1) // 2)
+    odds = shmem.team_split_strided(world, 1, 2, n // 2)
+    team = evens if me % 2 == 0 else odds
+    check(team is not None and (odds if me % 2 == 0 else evens) is None, "split: my half only")
+    check(team.my_pe() == me // 2 and team.n_pes() == ((n + 1) // 2 if me % 2 == 0 else n // 2), f"{team}")
+    check(all(team.translate_pe(i) == 2 * i + me % 2 for i in range(team.n_pes())), "translate to the world")
+    slots = shmem.tensor((n,), torch.int64)
+    word_src = shmem.tensor((1,), torch.int64)
+    word_src.copy_(pattern((1,), torch.int64, 700 + me, device))
+    team.sync()
+    for i in range(team.n_pes()):
+        shmem.put(slots[me:me + 1], word_src, team.translate_pe(i))
+    shmem.quiet()
+    team.sync(stream=None if mori.backend == "HOST" else torch.cuda.current_stream())
+    if mori.backend != "HOST":
+        torch.cuda.current_stream().synchronize()
+    got = slots.cpu()
+    for pe in range(n):
+        want = pattern((1,), torch.int64, 700 + pe) if pe % 2 == me % 2 else torch.zeros(1, dtype=torch.int64)
+        check(torch.equal(got[pe:pe + 1], want), f"team slot of PE {pe}: {got[pe]}")
+    shmem.barrier_all()
+    team.destroy()
+    for t in (word_src, slots, back, src, guard, sig, buf):
+        shmem.free_tensor(t)
+
+
 def run_pe(launch, group=None):
     me, n = shmem.my_pe(), shmem.n_pes()
     print(f"PE {me} of {n} ({launch}), transport to each: {[shmem.transport(pe).name for pe in range(n)]}",
@@ -118,6 +171,7 @@ def run_pe(launch, group=None):
         check("not on this PE's symmetric heap" in str(e), f"unexpected message: {e}")
     else:
         check(False, "peer_tensor of a tensor off the heap did not raise")
+    ops_and_teams(me, n, device)
     shmem.free_tensor(guard)
     shmem.finalize()
     print(f"PE {me} of {n}: OK", flush=True)

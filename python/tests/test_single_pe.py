@@ -156,9 +156,62 @@ def test_bad_arguments_raise(pe):
         shmem.tensor((2, -1))
     with pytest.raises(TypeError, match="not supported"):
         shmem.tensor((2,), torch.complex32)
-    with pytest.raises(NotImplementedError, match="on-stream barrier"):
-        shmem.barrier_all(stream=object())
+    if mori.backend == "HOST":
+        with pytest.raises(mori.MoriError, match="streams need a GPU backend"):
+            shmem.barrier_all(stream=object())
     shmem.barrier_all()
+
+
+def test_put_get_signal_and_quiet_to_itself(pe):
+    device = "cpu" if mori.backend == "HOST" else "cuda"
+    dst = shmem.tensor((1000,), torch.int32)
+    guard = shmem.tensor((64,), torch.int32)
+    sig = shmem.tensor((2,), torch.int64)
+    src = torch.arange(1000, dtype=torch.int32, device=device) * 3 + 11
+    shmem.put(dst, src, 0)
+    shmem.quiet()
+    shmem.barrier_all()
+    assert torch.equal(dst.cpu(), src.cpu())
+    half = shmem.tensor((500,), torch.int32)
+    shmem.put_signal(half, src[250:750], sig[1], 9, shmem.SignalOp.Add, 0)
+    shmem.signal_wait_until(sig[1], shmem.CmpOp.GE, 9)
+    shmem.barrier_all()
+    assert torch.equal(half.cpu(), src[250:750].cpu())
+    assert sig.cpu().tolist() == [0, 9]
+    back = torch.zeros(1000, dtype=torch.int32, device=device)
+    shmem.get(back, dst, 0)
+    shmem.barrier_all()
+    assert torch.equal(back.cpu(), src.cpu())
+    assert torch.count_nonzero(guard.cpu()) == 0, "nothing outside the targets changed"
+    with pytest.raises(mori.MoriError, match="dst has 4000 bytes and src 400"):
+        shmem.put(dst, src[:100], 0)
+    with pytest.raises(mori.MoriError, match="must be contiguous"):
+        shmem.put(dst[::2], src[::2], 0)
+    with pytest.raises(mori.MoriError, match="target pe 1 is not in"):
+        shmem.put(dst, src, 1)
+    with pytest.raises(mori.MoriError, match="not inside the symmetric heap"):
+        shmem.put(torch.zeros(1000, dtype=torch.int32, device=device), src, 0)
+    with pytest.raises(mori.MoriError, match="one int64 element"):
+        shmem.put_signal(dst, src, sig, 1, shmem.SignalOp.Set, 0)
+    shmem.barrier_all()
+    assert torch.equal(dst.cpu(), src.cpu()), "refused calls wrote nothing"
+    for t in (half, sig, guard, dst):
+        shmem.free_tensor(t)
+
+
+def test_teams_of_one_pe(pe):
+    world, node = shmem.team_world(), shmem.team_node()
+    assert (world.my_pe(), world.n_pes(), node.my_pe(), node.n_pes()) == (0, 1, 0, 1)
+    t = shmem.team_split_strided(world, 0, 1, 1)
+    assert t is not None and t not in (world, node)
+    assert (t.my_pe(), t.n_pes(), t.translate_pe(0), t.translate_pe(0, node), t.translate_pe(1)) == (0, 1, 0, 0, -1)
+    t.sync()
+    t.destroy()
+    assert t.n_pes() == -1
+    with pytest.raises(mori.MoriError, match="stride >= 1"):
+        shmem.team_split_strided(world, 0, 0, 1)
+    with pytest.raises(mori.MoriError, match="not a team this PE belongs to"):
+        t.sync()
 
 
 def test_init_from_process_group_needs_torch_distributed(pe):
