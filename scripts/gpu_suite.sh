@@ -231,6 +231,37 @@ for deb in "$repo"/.carry/mori_*.deb; do
   run package_deb env MORI_PACKAGE_DEB="$deb" "$repo/tests/package/run_package_test.sh" . /tmp/mori-package-test \
     "$version" "$(command -v mpirun)"
 done
+# The Python package with the device machine's torch (PYTHON=0 skips): the carried build is for the build
+# machine's Python, so the module is built here for this interpreter (libraries and module only), then the
+# suites run from the source tree: pytest when the interpreter has it, else the multi-PE worker under mpirun.
+py=${MORI_PYTHON:-/opt/torch/.venv/bin/python}
+if [ "${PYTHON:-1}" != 0 ] && [ -x "$py" ] && [[ "python" =~ ${STEPS:-.} ]]; then
+  start=$SECONDS
+  pyb=/tmp/mori-python-build
+  {
+    bounded cmake -S "$repo" -B "$pyb" -DMORI_GPU_BACKEND=CUDA -DPython3_EXECUTABLE="$py" -DMORI_BUILD_PYTHON=ON \
+      -DMORI_BUILD_TESTS=OFF -DMORI_BUILD_EXAMPLES=OFF -DMORI_BUILD_BENCH=OFF -DMORI_BUILD_TOOLS=OFF &&
+      bounded cmake --build "$pyb" --target mori_python -j "$(nproc)"
+  } > "$out/python_build.log" 2>&1
+  pyrc=$?
+  echo "python module build: exit $pyrc, $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+  if [ $pyrc -eq 0 ]; then
+    export PYTHONPATH="$pyb/python" PYTHONDONTWRITEBYTECODE=1 MORITEST_MPIRUN="$(command -v mpirun)"
+    start=$SECONDS
+    if "$py" -c "import pytest" 2>/dev/null; then
+      run python_tests env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "$py" -m pytest -q -p no:cacheprovider \
+        "$repo/python/tests/test_single_pe.py" "$repo/python/tests/test_multi_pe.py"
+    else
+      for tr in p2p rdma proxy; do
+        run "python_worker_$tr" env PYTHONPATH="$repo/python/tests:$PYTHONPATH" MORI_TIMEOUT_S=60 \
+          MORI_SHMEM_HEAP_SIZE=256m "${mpirun_[@]}" -np 2 -x PYTHONPATH -x MORI_TIMEOUT_S -x MORI_SHMEM_HEAP_SIZE \
+          -x MORI_SHMEM_TRANSPORT="$tr" "$py" "$repo/python/tests/shmem_worker.py" env
+      done
+    fi
+  else
+    rc=1
+  fi
+fi
 grep -hE "\*\*\*|tests passed|Total Test time" "$out"/ctest*.log | tail -n 40
 cat "$out/summary.txt" "$out/shmem_compare.txt" 2>/dev/null | tail -n 80
 exit $rc

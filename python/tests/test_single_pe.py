@@ -48,7 +48,7 @@ def test_lifecycle_and_use_before_init():
     shmem.init()  # a second run in the same process
     t = shmem.tensor((16,), torch.int32)
     t.copy_(pattern((16,), torch.int32, 5))
-    assert torch.equal(shmem.peer_tensor(t, 0), pattern((16,), torch.int32, 5))
+    assert torch.equal(shmem.peer_tensor(t, 0).cpu(), pattern((16,), torch.int32, 5))
     shmem.free_tensor(t)
     shmem.finalize()
 
