@@ -152,3 +152,29 @@ def test_a_missing_or_dead_peer_raises_instead_of_hanging(case, cause):
                                 MORI_BOOTSTRAP_ADDR=f"127.0.0.1:{port}")) for r in range(2)],
                      exit_codes=[0, 0 if case == "missing" else 3])
     assert "MoriError: mori.shmem." in report and cause in report, report
+
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "allgather.py"
+
+
+@pytest.mark.parametrize("np,transport", [(2, "p2p"), (4, "p2p"), (2, "proxy")])
+def test_allgather_example_with_torchrun_variables(np, transport):
+    """The example as torchrun starts it (Debian's torchrun fails on its Python: its variables, set here), checked
+    against torch.distributed.all_gather."""
+    port = free_port_pair()
+    report = run_all([([sys.executable, str(EXAMPLE), "3000", "3"],
+                       base_env(RANK=str(r), WORLD_SIZE=str(np), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=str(port), MORI_SHMEM_TRANSPORT=transport)) for r in range(np)])
+    assert report.count("allgather OK") == np and report.count("verified") == 3 * np, report
+
+
+def test_allgather_example_under_mpirun():
+    mpirun = os.environ.get("MORITEST_MPIRUN")
+    if not mpirun:
+        pytest.skip("mori was built without MPI (no MORITEST_MPIRUN)")
+    env = base_env(MORI_SHMEM_TRANSPORT="rdma")
+    argv = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2"]
+    for var in ("PYTHONPATH", "MORI_SHMEM_TRANSPORT", "MORI_TIMEOUT_S", "MORI_SHMEM_HEAP_SIZE", "OMP_NUM_THREADS"):
+        argv += ["-x", var]
+    report = run_all([(argv + [sys.executable, str(EXAMPLE), "5000", "2"], env)])
+    assert report.count("allgather OK") == 2, report
