@@ -251,11 +251,13 @@ if [ "${PYTHON:-1}" != 0 ] && [ -x "$py" ] && [[ "python" =~ ${STEPS:-.} ]]; the
   pyrc=$?
   echo "python module build: exit $pyrc, $((SECONDS - start)) s" | tee -a "$out/summary.txt"
   if [ $pyrc -eq 0 ]; then
-    export PYTHONPATH="$pyb/python" PYTHONDONTWRITEBYTECODE=1 MORITEST_MPIRUN="$(command -v mpirun)"
+    export PYTHONPATH="$pyb/python" PYTHONDONTWRITEBYTECODE=1 MORITEST_MPIRUN="$(command -v mpirun)" \
+      MORITEST_INCLUDE_DIRS="$repo/include:$pyb/include" MORITEST_SHMEM_LIB_DIR="$pyb/src/shmem"
     start=$SECONDS
     if "$py" -c "import pytest" 2>/dev/null; then
       run python_tests env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "$py" -m pytest -q -p no:cacheprovider \
-        "$repo/python/tests/test_single_pe.py" "$repo/python/tests/test_multi_pe.py"
+        "$repo/python/tests/test_single_pe.py" "$repo/python/tests/test_multi_pe.py" \
+        "$repo/python/tests/test_extension.py"
       # The all-gather example as a PyTorch user starts it: torchrun, two processes on this GPU.
       torchrun=$(dirname "$py")/torchrun
       [ -x "$torchrun" ] && run python_allgather_torchrun env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m \

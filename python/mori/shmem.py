@@ -19,7 +19,7 @@ __all__ = [
     "MoriError", "Transport", "init", "init_from_process_group", "finalize", "is_initialized", "my_pe", "n_pes",
     "transport", "heap_bytes", "tensor", "free_tensor", "peer_tensor", "barrier_all", "SignalOp", "CmpOp", "put",
     "get", "put_signal", "signal_wait_until", "quiet", "register_buffer", "unregister_buffer", "Team", "team_world",
-    "team_node", "team_split_strided"
+    "team_node", "team_split_strided", "module_init"
 ]
 
 # DLPack type codes (dlpack.h DLDataTypeCode).
@@ -254,6 +254,13 @@ def signal_wait_until(sig, cmp, value, stream=None):
 def quiet(stream=None):
     """Every put and get issued before on this PE is complete at its target."""
     _mori.quiet(_stream_handle(stream, "mori.shmem.quiet"))
+
+
+def module_init():
+    """After loading a separately built module that uses mori's device API (a PyTorch C++/CUDA extension): checks
+    that it, and every other such module, holds the runtime's device state (they register themselves when
+    loaded; this uploads the state again and raises if a module cannot take it)."""
+    _mori.module_init()
 
 
 def register_buffer(t):

@@ -382,6 +382,10 @@ PYBIND11_MODULE(_mori, m) {
     return shmem::ShmemTeamTranslatePe(static_cast<shmem::ShmemTeam>(from), pe, static_cast<shmem::ShmemTeam>(to));
   });
   m.def("team_sync", &TeamSync, py::arg("team"), py::arg("stream") = py::none());
+  m.def("module_init", [] {
+    RequireInit("mori.shmem.module_init");
+    CheckCode("mori.shmem.module_init", Unlocked([] { return shmem::ShmemModuleInit(); }));
+  });
   m.def("register_buffer", &RegisterBuffer, py::arg("address"), py::arg("bytes"));
   m.def("unregister_buffer", &UnregisterBuffer, py::arg("address"));
   m.def("to_dlpack", &ToDlpack, py::arg("address"), py::arg("shape"), py::arg("strides"), py::arg("code"),
