@@ -81,7 +81,7 @@ def pe_commands(n, mode, per_rank_env):
     return [([sys.executable, str(WORKER), mode], base_env(**per_rank_env(rank))) for rank in range(n)]
 
 
-@pytest.mark.parametrize("transport,np", [("p2p", 2), ("rdma", 2), ("proxy", 2), ("p2p", 4), ("rdma", 4)])
+@pytest.mark.parametrize("transport,np", [("p2p", 2), ("rdma", 2), ("proxy", 2), ("p2p", 4), ("rdma", 4), ("proxy", 4)])
 def test_mpirun(transport, np):
     mpirun = os.environ.get("MORITEST_MPIRUN")
     if not mpirun:
@@ -109,7 +109,7 @@ def test_torch_distributed_gloo_subgroup():
     assert report.count(": OK") == 2 and report.count("not in the group") == 2, report
 
 
-@pytest.mark.parametrize("transport", ["p2p", "proxy"])
+@pytest.mark.parametrize("transport", ["p2p", "rdma", "proxy"])
 def test_torchrun_variables(transport):
     port = free_port_pair()
     report = run_all(pe_commands(2, "env", lambda r: dict(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
