@@ -3,6 +3,7 @@
 # repeated beside an atomic_counter job over proxy/rdma. When a round runs past HANG_S, every thread of every
 # rank is dumped (gdb or cuda-gdb) before the job's own bounded waits end it.
 #   bench/experiments/proxy_tcp_stress.sh [rounds]   (the CUDA build staged in .carry/build-cuda)
+# CHURN=1 adds short proxy/rdma all-to-all jobs starting and ending beside the two.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 B=$repo/.carry/build-cuda
@@ -31,6 +32,13 @@ for r in $(seq "$rounds"); do
   "${mpi[@]}" -np 4 -x MORI_SHMEM_TRANSPORT=proxy -x MORI_SHMEM_PROXY_CONN=tcp "$B/examples/shmem/shmem_all_to_all" \
     >"$out/a2a_$r.log" 2>&1 &
   job=$!
+  # CHURN=1: short jobs starting and ending beside them (as ctest -j3 runs the suite's examples).
+  if [ "${CHURN:-0}" = 1 ]; then
+    ( for c in 1 2 3 4 5 6; do
+        "${mpi[@]}" -np 2 -x MORI_SHMEM_TRANSPORT=proxy -x MORI_SHMEM_PROXY_CONN=rdma \
+          "$B/examples/shmem/shmem_all_to_all" >>"$out/churn_$r.log" 2>&1
+      done ) &
+  fi
   t0=$SECONDS
   dumped=0
   while kill -0 $job 2>/dev/null; do
