@@ -6,6 +6,8 @@
 //              copies the word from pinned memory on a non-blocking stream; prints how long the copy took.
 //              With --self OP, a second thread of the same process does OP while the kernel spins.
 //   disturber: does OP every 50 ms for --seconds, printing the slowest.
+//   stream:    a kernel spins until it has seen --trials x 1000 copies of a host thread, one at a time; prints the
+//              slowest copy (run it beside processes that start and exit).
 // OP: hostalloc (cudaHostAlloc 4 MiB + free), malloc (cudaMalloc 64 MiB + free), stream, event,
 // hostregister (cudaHostRegister of 4 MiB of malloc'ed memory + unregister), mallocnofree (cudaMalloc only),
 // free (cudaFree only), vmm (cuMemCreate, reserve, map, set access, unmap, release of 64 MiB).
@@ -38,6 +40,16 @@ static double MsSince(Clock::time_point t) { return std::chrono::duration<double
 __global__ void Spin(volatile uint64_t* word, long long cycles, int* gaveUp) {
   const long long start = clock64();
   while (*word == 0) {
+    if (clock64() - start > cycles) {
+      *gaveUp = 1;
+      return;
+    }
+  }
+}
+
+__global__ void SpinUntil(volatile uint64_t* word, uint64_t target, long long cycles, int* gaveUp) {
+  const long long start = clock64();
+  while (*word < target) {
     if (clock64() - start > cycles) {
       *gaveUp = 1;
       return;
@@ -121,6 +133,44 @@ int main(int argc, char** argv) {
     else if ((!std::strcmp(argv[i], "--self") || !std::strcmp(argv[i], "--op")) && i + 1 < argc) op = argv[++i];
   }
   CHECK(cudaFree(nullptr));
+  if (role == "stream") {
+    // A kernel spins until the word reaches `copies`; a host thread raises it one copy at a time and keeps the
+    // slowest copy's time (the proxy's pattern). Run beside processes that start and exit (--seconds bounds it).
+    const long copies = static_cast<long>(trials) * 1000;
+    int clockKhz = 0;
+    CHECK(cudaDeviceGetAttribute(&clockKhz, cudaDevAttrClockRate, 0));
+    uint64_t* word = nullptr;
+    int* gaveUp = nullptr;
+    uint64_t* value = nullptr;
+    CHECK(cudaMalloc(&word, 8));
+    CHECK(cudaMalloc(&gaveUp, sizeof(int)));
+    CHECK(cudaMemset(word, 0, 8));
+    CHECK(cudaMemset(gaveUp, 0, sizeof(int)));
+    CHECK(cudaHostAlloc(&value, 64, cudaHostAllocMapped | cudaHostAllocPortable));
+    cudaStream_t app, proxy;
+    CHECK(cudaStreamCreateWithFlags(&app, cudaStreamNonBlocking));
+    CHECK(cudaStreamCreateWithFlags(&proxy, cudaStreamNonBlocking));
+    CHECK(cudaDeviceSynchronize());
+    SpinUntil<<<1, 1, 0, app>>>(word, static_cast<uint64_t>(copies), static_cast<long long>(spinMs * clockKhz), gaveUp);
+    CHECK(cudaGetLastError());
+    double worst = 0;
+    long slow = 0;
+    for (long i = 1; i <= copies; ++i) {
+      *value = static_cast<uint64_t>(i);
+      auto c0 = Clock::now();
+      CHECK(cudaMemcpyAsync(word, value, 8, cudaMemcpyHostToDevice, proxy));
+      CHECK(cudaStreamSynchronize(proxy));
+      double ms = MsSince(c0);
+      worst = ms > worst ? ms : worst;
+      slow += ms > 100;
+    }
+    CHECK(cudaStreamSynchronize(app));
+    int g = 0;
+    CHECK(cudaMemcpy(&g, gaveUp, sizeof(int), cudaMemcpyDeviceToHost));
+    std::printf("stream: %ld copies while a kernel spins, slowest %.2f ms, %ld over 100 ms, kernel %s\n", copies,
+                worst, slow, g ? "GAVE UP" : "saw every copy");
+    return 0;
+  }
   if (role == "disturber") {
     double worst = 0;
     int n = 0;
