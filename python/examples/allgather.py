@@ -2,7 +2,8 @@
 torch.distributed.all_gather.
 
 Every PE puts its block into row `me` of every PE's copy of `out` and adds 1 to that PE's signal; then it waits
-until its own signal counts every PE's block, on the current stream (no host barrier in between). The result is
+until its own signal counts every PE's block, on the current stream (no host barrier in between), and quiets
+its own puts before the next round rewrites their source. The result is
 compared with torch.distributed.all_gather of the same blocks (gloo on CPU tensors, whatever the backend).
 
     torchrun --nproc_per_node=2 python/examples/allgather.py [elements per PE, default 1048576] [rounds, default 3]
@@ -55,12 +56,22 @@ def main():
             pe = (me + k) % n  # everyone starts with a different destination
             shmem.put_signal(out[me], mine, sig[0], 1, shmem.SignalOp.Add, pe, stream)
         shmem.signal_wait_until(sig[0], shmem.CmpOp.GE, n * (rnd + 1), stream)
+        # The puts are non-blocking: this PE's own puts may still read `mine` (over RDMA or the proxy) until a
+        # quiet, and the next round rewrites it.
+        shmem.quiet(stream)
         if gpu:
             stream.synchronize()
         seconds = time.perf_counter() - start
         got = out.cpu()
         want = torch.stack([block(pe, rnd, count, "cpu") for pe in range(n)])
-        wrong = int((got != want).sum())
+        bad = (got != want)
+        wrong = int(bad.sum())
+        if wrong:
+            rows = [pe for pe in range(n) if bool(bad[pe].any())]
+            first = int(bad[rows[0]].nonzero()[0])
+            print(f"PE {me}: round {rnd}: rows of PEs {rows} differ; row {rows[0]} element {first} is "
+                  f"{got[rows[0], first].item()}, not {want[rows[0], first].item()}; signal {int(sig.cpu()[0])}",
+                  flush=True)
         if dist is not None:
             gathered = [torch.empty(count, dtype=torch.float32) for _ in range(n)]
             dist.all_gather(gathered, mine.cpu())

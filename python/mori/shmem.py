@@ -184,8 +184,9 @@ def barrier_all(stream=None):
 # None meaning torch's current stream of the heap's GPU. On HOST (no GPU; CPU tensors) each call returns when
 # its work is done. Symmetric arguments (put's dst, get's src, the signal) are tensors from tensor() or views of
 # one; the other side is any contiguous tensor on this PE's device (over RDMA or the proxy it must be on the heap
-# or registered with register_buffer()). A put is complete at its target after a later quiet() or barrier on the
-# same stream.
+# or registered with register_buffer()). Puts are non-blocking: a put is complete at its target, and its source
+# may be written again, only after a later quiet() or barrier on the same stream (a put-with-signal's signal
+# says its data arrived, not that the sender may reuse the source).
 
 
 def _stream_handle(stream, op):
