@@ -15,14 +15,7 @@
 #include <cstring>
 #include <vector>
 
-#define CHECK(x)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
+#include "check.cuh"
 
 __global__ void Spin(volatile uint64_t* word, long long cycles, int* gaveUp) {
   const long long start = clock64();

@@ -607,11 +607,13 @@ void Runtime::InstallTeam(uint32_t id, std::vector<int> members) {
   for (size_t i = 1; i < t.members.size() && d.stride > 0; ++i) {
     if (t.members[i] - t.members[i - 1] != d.stride) d.stride = 0;  // not evenly spaced: the table answers
   }
+  static_assert(sizeof(int) == sizeof(int32_t), "the member table is copied as it is");
+  t.state = d;  // the host's queries answer from this copy, with the table in host memory
+  t.state.members = t.members.data();
   int32_t* table = deviceTeamMembers_ + static_cast<size_t>(id) * static_cast<size_t>(nPes_);
   d.members = table;
-  std::vector<int32_t> m(t.members.begin(), t.members.end());
   const uint64_t zero = 0;
-  if (!m.empty()) MORI_CHECK_GPU(core::GpuMemcpy(table, m.data(), m.size() * sizeof(int32_t)));
+  if (!t.members.empty()) MORI_CHECK_GPU(core::GpuMemcpy(table, t.members.data(), t.members.size() * sizeof(int32_t)));
   MORI_CHECK_GPU(core::GpuMemcpy(deviceTeams_ + id, &d, sizeof(d)));
   MORI_CHECK_GPU(core::GpuMemcpy(state_.teamSyncSeq + id, &zero, sizeof(zero)));
   MORI_CHECK_GPU(core::GpuMemcpy(heap_.DataAs<uint8_t>() + kShmemTeamSyncOffset + id * sizeof(uint64_t), &zero,
@@ -654,10 +656,7 @@ int Runtime::TeamNPes(ShmemTeam team) const {
 int Runtime::TeamTranslatePe(ShmemTeam from, int pe, ShmemTeam to) const {
   const Team* f = TeamAt(from);
   const Team* t = TeamAt(to);
-  if (f == nullptr || t == nullptr || pe < 0 || pe >= static_cast<int>(f->members.size())) return -1;
-  auto it = std::lower_bound(t->members.begin(), t->members.end(), f->members[static_cast<size_t>(pe)]);
-  if (it == t->members.end() || *it != f->members[static_cast<size_t>(pe)]) return -1;
-  return static_cast<int>(it - t->members.begin());
+  return detail::TeamTranslate(f == nullptr ? nullptr : &f->state, pe, t == nullptr ? nullptr : &t->state);
 }
 
 ShmemTeam Runtime::SplitStrided(ShmemTeam parent, int start, int stride, int size) {

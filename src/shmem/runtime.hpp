@@ -71,6 +71,7 @@ class Runtime {
   struct Team {
     std::vector<int> members;  // world PEs, ascending; empty: the slot is free
     int myIndex = -1;          // -1: this PE is not a member (it then holds no team in the slot)
+    ShmemTeamState state{};    // what kernels see, with `members` pointing at the vector above
   };
   const Team* TeamAt(ShmemTeam team) const;
   // Puts `members` into slot `id` here and for kernels (its sync counters start again at zero).

@@ -12,6 +12,7 @@
 #include "mori/core/errors.hpp"
 #include "mori/core/launch.hpp"
 #include "mori/core/logging.hpp"
+#include "guarded.hpp"
 #include "runtime.hpp"
 #include "stream_ops.hpp"
 #if MORI_HAS_MPI
@@ -102,16 +103,7 @@ Runtime& Current(const char* op) {
   return *rt;
 }
 
-template <typename F>
-int Guarded(const char* op, F&& body) {
-  try {
-    body();
-    return 0;
-  } catch (const std::exception& e) {
-    MORI_LOG_ERROR(Shmem, "%s: %s", op, e.what());
-    return -1;
-  }
-}
+using detail::Guarded;
 
 int Start(const char* op, std::shared_ptr<core::Bootstrap> bootstrap) {
   std::lock_guard<std::mutex> lock(RuntimeMutex());

@@ -3,7 +3,6 @@
 // host what the host can check, so that bad input returns an error instead of trapping the kernel.
 #include <algorithm>
 #include <cstdint>
-#include <functional>
 
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
@@ -11,6 +10,7 @@
 #include "mori/core/logging.hpp"
 #include "mori/shmem/shmem_api.hpp"
 #include "mori/shmem/shmem_device_api.hpp"
+#include "guarded.hpp"
 #include "stream_ops.hpp"
 
 namespace mori::shmem {
@@ -30,19 +30,21 @@ constexpr size_t kBytesPerBlock = size_t(1) << 20;
 MORI_GLOBAL void BarrierKernel() { ShmemBarrierAllThread(); }
 MORI_GLOBAL void QuietKernel() { ShmemQuietThread(); }
 MORI_GLOBAL void TeamSyncKernel(ShmemTeam team) { ShmemTeamSyncThread(team); }
-MORI_GLOBAL void SignalWaitKernel(uint64_t* sig, CmpOp cmp, uint64_t value) { (void)ShmemSignalWaitUntil(sig, cmp, value); }
-
-// Block b moves [b * chunk, min((b + 1) * chunk, bytes)).
-MORI_GLOBAL void MORI_LAUNCH_BOUNDS(kThreads) PutKernel(uint8_t* dest, const uint8_t* source, size_t bytes,
-                                                         size_t chunk, int pe) {
-  const size_t at = static_cast<size_t>(core::FlatBlockIdx()) * chunk;
-  if (at < bytes) ShmemPutMemNbiBlock(dest + at, source + at, std::min(chunk, bytes - at), pe);
+MORI_GLOBAL void SignalWaitKernel(uint64_t* sig, CmpOp cmp, uint64_t value) {
+  (void)ShmemSignalWaitUntil(sig, cmp, value);
 }
 
-MORI_GLOBAL void MORI_LAUNCH_BOUNDS(kThreads) GetKernel(uint8_t* dest, const uint8_t* source, size_t bytes,
-                                                         size_t chunk, int pe) {
+// Block b moves [b * chunk, min((b + 1) * chunk, bytes)): a non-blocking put, or (kGet) a get.
+template <bool kGet>
+MORI_GLOBAL void MORI_LAUNCH_BOUNDS(kThreads) TransferKernel(uint8_t* dest, const uint8_t* source, size_t bytes,
+                                                              size_t chunk, int pe) {
   const size_t at = static_cast<size_t>(core::FlatBlockIdx()) * chunk;
-  if (at < bytes) ShmemGetMemBlock(dest + at, source + at, std::min(chunk, bytes - at), pe);
+  if (at >= bytes) return;
+  if constexpr (kGet) {
+    ShmemGetMemBlock(dest + at, source + at, std::min(chunk, bytes - at), pe);
+  } else {
+    ShmemPutMemNbiBlock(dest + at, source + at, std::min(chunk, bytes - at), pe);
+  }
 }
 
 // One block: the signal must follow all of the data.
@@ -51,17 +53,14 @@ MORI_GLOBAL void MORI_LAUNCH_BOUNDS(kThreads) PutSignalKernel(uint8_t* dest, con
   ShmemPutMemNbiSignalBlock(dest, source, bytes, sig, value, op, pe);
 }
 
-// Runs `body` with errors turned into a log line and -1, as every host call of the API does.
-int Guarded(const char* op, const std::function<void()>& body) {
-  try {
+// The API boundary (guarded.hpp), for calls that need the runtime up.
+template <typename F>
+int Guarded(const char* op, F&& body) {
+  return detail::Guarded(op, [&] {
     MORI_CHECK(ShmemIsInitialized(), ErrorCode::InvalidUsage, "%s called before ShmemInit() or after ShmemFinalize()",
                op);
     body();
-    return 0;
-  } catch (const std::exception& e) {
-    MORI_LOG_ERROR(Shmem, "%s: %s", op, e.what());
-    return -1;
-  }
+  });
 }
 
 void CheckLaunched(const char* op) {
@@ -105,12 +104,32 @@ Dim3 BlocksFor(size_t bytes, size_t* chunk) {
   return Dim3(static_cast<unsigned>(blocks));
 }
 
+// A put (the symmetric side is dest, the local one source) or, kGet, a get (the other way round).
+template <bool kGet>
+int TransferOnStream(const char* op, void* dest, const void* source, size_t bytes, int pe, core::GpuStream stream) {
+  return Guarded(op, [&] {
+    const char* symmetricName = kGet ? "source" : "dest";
+    const char* localName = kGet ? "dest" : "source";
+    const void* local = kGet ? static_cast<const void*>(dest) : source;
+    CheckPe(op, pe);
+    CheckSymmetric(op, symmetricName, kGet ? source : dest, bytes);
+    MORI_CHECK(bytes == 0 || local != nullptr, ErrorCode::InvalidUsage, "%s: null %s", op, localName);
+    if (bytes == 0) return;
+    CheckLocal(op, localName, local, bytes, pe);
+    size_t chunk = 0;
+    Dim3 grid = BlocksFor(bytes, &chunk);
+    core::LaunchKernel(TransferKernel<kGet>, grid, Dim3(kThreads), 0, stream, static_cast<uint8_t*>(dest),
+                       static_cast<const uint8_t*>(source), bytes, chunk, pe);
+    CheckLaunched(op);
+  });
+}
+
 }  // namespace
 
 namespace detail {
 void PreloadStreamKernels() {
-  core::PreloadKernels(BarrierKernel, QuietKernel, TeamSyncKernel, SignalWaitKernel, PutKernel, GetKernel,
-                       PutSignalKernel);
+  core::PreloadKernels(BarrierKernel, QuietKernel, TeamSyncKernel, SignalWaitKernel, TransferKernel<false>,
+                       TransferKernel<true>, PutSignalKernel);
 }
 }  // namespace detail
 
@@ -140,35 +159,11 @@ int ShmemTeamSyncOnStream(ShmemTeam team, core::GpuStream stream) {
 }
 
 int ShmemPutMemOnStream(void* dest, const void* source, size_t bytes, int pe, core::GpuStream stream) {
-  constexpr const char* op = "ShmemPutMemOnStream";
-  return Guarded(op, [&] {
-    CheckPe(op, pe);
-    CheckSymmetric(op, "dest", dest, bytes);
-    MORI_CHECK(bytes == 0 || source != nullptr, ErrorCode::InvalidUsage, "%s: null source", op);
-    if (bytes == 0) return;
-    CheckLocal(op, "source", source, bytes, pe);
-    size_t chunk = 0;
-    Dim3 grid = BlocksFor(bytes, &chunk);
-    core::LaunchKernel(PutKernel, grid, Dim3(kThreads), 0, stream, static_cast<uint8_t*>(dest),
-                       static_cast<const uint8_t*>(source), bytes, chunk, pe);
-    CheckLaunched(op);
-  });
+  return TransferOnStream<false>("ShmemPutMemOnStream", dest, source, bytes, pe, stream);
 }
 
 int ShmemGetMemOnStream(void* dest, const void* source, size_t bytes, int pe, core::GpuStream stream) {
-  constexpr const char* op = "ShmemGetMemOnStream";
-  return Guarded(op, [&] {
-    CheckPe(op, pe);
-    CheckSymmetric(op, "source", source, bytes);
-    MORI_CHECK(bytes == 0 || dest != nullptr, ErrorCode::InvalidUsage, "%s: null dest", op);
-    if (bytes == 0) return;
-    CheckLocal(op, "dest", dest, bytes, pe);
-    size_t chunk = 0;
-    Dim3 grid = BlocksFor(bytes, &chunk);
-    core::LaunchKernel(GetKernel, grid, Dim3(kThreads), 0, stream, static_cast<uint8_t*>(dest),
-                       static_cast<const uint8_t*>(source), bytes, chunk, pe);
-    CheckLaunched(op);
-  });
+  return TransferOnStream<true>("ShmemGetMemOnStream", dest, source, bytes, pe, stream);
 }
 
 int ShmemPutMemSignalOnStream(void* dest, const void* source, size_t bytes, uint64_t* sigAddr, uint64_t sigVal,

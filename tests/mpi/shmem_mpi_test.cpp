@@ -757,8 +757,9 @@ TEST(ShmemTest, DeviceBarrierSeparatesRounds) {
 
 // ---- teams ----
 
-// What kernels see of the teams: queries of world, node, `team` and an invalid handle, and translations.
-MORI_GLOBAL void TeamQueryKernel(ShmemTeam team, int32_t* out) {
+// The team queries of world, node, `team` and two invalid handles, and translations to and from `team`: run
+// by a kernel and by the host, which must agree.
+MORI_HOST_DEVICE_INLINE void TeamQueries(ShmemTeam team, int32_t* out) {
   out[0] = ShmemTeamMyPe(kShmemTeamWorld);
   out[1] = ShmemTeamNPes(kShmemTeamWorld);
   out[2] = ShmemTeamMyPe(kShmemTeamNode);
@@ -773,21 +774,11 @@ MORI_GLOBAL void TeamQueryKernel(ShmemTeam team, int32_t* out) {
   }
 }
 
-// The same queries on the host.
+MORI_GLOBAL void TeamQueryKernel(ShmemTeam team, int32_t* out) { TeamQueries(team, out); }
+
 std::vector<int32_t> HostTeamQueries(ShmemTeam team) {
   std::vector<int32_t> out(24);
-  out[0] = ShmemTeamMyPe(kShmemTeamWorld);
-  out[1] = ShmemTeamNPes(kShmemTeamWorld);
-  out[2] = ShmemTeamMyPe(kShmemTeamNode);
-  out[3] = ShmemTeamNPes(kShmemTeamNode);
-  out[4] = ShmemTeamMyPe(team);
-  out[5] = ShmemTeamNPes(team);
-  out[6] = ShmemTeamMyPe(kShmemTeamInvalid);
-  out[7] = ShmemTeamNPes(static_cast<ShmemTeam>(kShmemMaxTeams + 3));
-  for (int pe = 0; pe < 8; ++pe) {
-    out[static_cast<size_t>(8 + pe)] = ShmemTeamTranslatePe(kShmemTeamWorld, pe, team);
-    out[static_cast<size_t>(16 + pe)] = ShmemTeamTranslatePe(team, pe, kShmemTeamWorld);
-  }
+  TeamQueries(team, out.data());
   return out;
 }
 

@@ -57,6 +57,45 @@ struct TuStateRegistration {
 MORI_DEVICE_INLINE const ShmemDeviceState& State() { return tuState; }
 #endif
 
+
+// Team lookups on a ShmemTeamState: the device state's table in kernels, the runtime's host copy on the host.
+// The team in `team`'s slot when the runtime is up and the slot holds one, else nullptr.
+MORI_HOST_DEVICE_INLINE const ShmemTeamState* TeamAt(const ShmemDeviceState& s, ShmemTeam team) {
+  const auto id = static_cast<uint32_t>(team);  // Invalid (-1) wraps past the table
+  if (s.magic != kShmemStateMagic || s.teams == nullptr || id >= kShmemMaxTeams || s.teams[id].size <= 0) {
+    return nullptr;
+  }
+  return &s.teams[id];
+}
+
+// World PE of member `index` (in [0, size)).
+MORI_HOST_DEVICE_INLINE int TeamWorldPe(const ShmemTeamState& t, int index) {
+  return t.stride > 0 ? t.start + index * t.stride : t.members[index];
+}
+
+// Member number of world PE `pe`, -1 when it is not a member.
+MORI_HOST_DEVICE_INLINE int TeamIndexOf(const ShmemTeamState& t, int pe) {
+  if (t.stride > 0) {
+    const int off = pe - t.start;
+    if (off < 0 || off % t.stride != 0 || off / t.stride >= t.size) return -1;
+    return off / t.stride;
+  }
+  int lo = 0, hi = t.size - 1;  // members ascend
+  while (lo <= hi) {
+    const int mid = (lo + hi) / 2;
+    const int m = t.members[mid];
+    if (m == pe) return mid;
+    if (m < pe) lo = mid + 1;
+    else hi = mid - 1;
+  }
+  return -1;
+}
+
+// The number in `to` of member `pe` of `from` (both may be nullptr: no team), -1 when there is none.
+MORI_HOST_DEVICE_INLINE int TeamTranslate(const ShmemTeamState* from, int pe, const ShmemTeamState* to) {
+  if (from == nullptr || to == nullptr || pe < 0 || pe >= from->size) return -1;
+  return TeamIndexOf(*to, TeamWorldPe(*from, pe));
+}
 }  // namespace detail
 
 // This PE's number and the number of PEs (host and device). -1 and 0 before ShmemInit.
@@ -93,40 +132,6 @@ MORI_HOST_DEVICE_INLINE void* ShmemPtr(const void* dest, int pe) {
 #endif
 }
 
-namespace detail {
-// The team in `team`'s slot when the runtime is up and the slot holds one, else nullptr.
-MORI_HOST_DEVICE_INLINE const ShmemTeamState* TeamAt(const ShmemDeviceState& s, ShmemTeam team) {
-  const auto id = static_cast<uint32_t>(team);  // Invalid (-1) wraps past the table
-  if (s.magic != kShmemStateMagic || s.teams == nullptr || id >= kShmemMaxTeams || s.teams[id].size <= 0) {
-    return nullptr;
-  }
-  return &s.teams[id];
-}
-
-// World PE of member `index` (in [0, size)).
-MORI_HOST_DEVICE_INLINE int TeamWorldPe(const ShmemTeamState& t, int index) {
-  return t.stride > 0 ? t.start + index * t.stride : t.members[index];
-}
-
-// Member number of world PE `pe`, -1 when it is not a member.
-MORI_HOST_DEVICE_INLINE int TeamIndexOf(const ShmemTeamState& t, int pe) {
-  if (t.stride > 0) {
-    const int off = pe - t.start;
-    if (off < 0 || off % t.stride != 0 || off / t.stride >= t.size) return -1;
-    return off / t.stride;
-  }
-  int lo = 0, hi = t.size - 1;  // members ascend
-  while (lo <= hi) {
-    const int mid = (lo + hi) / 2;
-    const int m = t.members[mid];
-    if (m == pe) return mid;
-    if (m < pe) lo = mid + 1;
-    else hi = mid - 1;
-  }
-  return -1;
-}
-}  // namespace detail
-
 // This PE's number in `team`, the team's size, and the number in `to` of member `pe` of `from` (host and
 // device). -1 for a team this PE is not in (MyPe), an invalid or destroyed team (all three), or a PE that is
 // not a member (TranslatePe).
@@ -151,10 +156,7 @@ MORI_HOST_DEVICE_INLINE int ShmemTeamNPes(ShmemTeam team) {
 MORI_HOST_DEVICE_INLINE int ShmemTeamTranslatePe(ShmemTeam from, int pe, ShmemTeam to) {
 #if MORI_DEVICE_COMPILE
   const ShmemDeviceState& s = detail::State();
-  const ShmemTeamState* f = detail::TeamAt(s, from);
-  const ShmemTeamState* t = detail::TeamAt(s, to);
-  if (f == nullptr || t == nullptr || pe < 0 || pe >= f->size) return -1;
-  return detail::TeamIndexOf(*t, detail::TeamWorldPe(*f, pe));
+  return detail::TeamTranslate(detail::TeamAt(s, from), pe, detail::TeamAt(s, to));
 #else
   return detail::HostTeamTranslatePe(from, pe, to);
 #endif
