@@ -19,7 +19,7 @@ __all__ = [
     "MoriError", "Transport", "init", "init_from_process_group", "finalize", "is_initialized", "my_pe", "n_pes",
     "transport", "heap_bytes", "tensor", "free_tensor", "peer_tensor", "barrier_all", "SignalOp", "CmpOp", "put",
     "get", "put_signal", "signal_wait_until", "quiet", "register_buffer", "unregister_buffer", "Team", "team_world",
-    "team_node", "team_split_strided", "module_init"
+    "team_node", "team_split_strided", "module_init", "module_finalize"
 ]
 
 # DLPack type codes (dlpack.h DLDataTypeCode).
@@ -257,11 +257,23 @@ def quiet(stream=None):
     _mori.quiet(_stream_handle(stream, "mori.shmem.quiet"))
 
 
-def module_init():
-    """After loading a separately built module that uses mori's device API (a PyTorch C++/CUDA extension): checks
+def module_init(handle=None):
+    """After loading a separately built module that uses mori's device API.
+
+    Without a handle (a PyTorch C++/CUDA extension, any shared library that includes the device API): checks
     that it, and every other such module, holds the runtime's device state (they register themselves when
-    loaded; this uploads the state again and raises if a module cannot take it)."""
-    _mori.module_init()
+    loaded; this uploads the state again and raises if a module cannot take it).
+
+    With a handle (an int: a CUmodule from cuModuleLoad*, a JIT-compiled kernel's module such as Triton's
+    ``kernel.module``, a hipModule_t): the module, compiled with -DMORI_SHMEM_MODULE_BY_HANDLE, gets the state
+    now and at every later init and finalize until ``module_finalize(handle)``, called before it is unloaded.
+    """
+    _mori.module_init(0 if handle is None else int(handle))
+
+
+def module_finalize(handle):
+    """Forgets a module given to ``module_init(handle)``; raises when it was not given."""
+    _mori.module_finalize(int(handle))
 
 
 def register_buffer(t):

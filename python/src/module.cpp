@@ -382,10 +382,15 @@ PYBIND11_MODULE(_mori, m) {
     return shmem::ShmemTeamTranslatePe(static_cast<shmem::ShmemTeam>(from), pe, static_cast<shmem::ShmemTeam>(to));
   });
   m.def("team_sync", &TeamSync, py::arg("team"), py::arg("stream") = py::none());
-  m.def("module_init", [] {
+  m.def("module_init", [](uintptr_t handle) {
     RequireInit("mori.shmem.module_init");
-    CheckCode("mori.shmem.module_init", Unlocked([] { return shmem::ShmemModuleInit(); }));
-  });
+    void* module = reinterpret_cast<void*>(handle);
+    CheckCode("mori.shmem.module_init", Unlocked([module] { return shmem::ShmemModuleInit(module); }));
+  }, py::arg("handle") = 0);
+  m.def("module_finalize", [](uintptr_t handle) {
+    void* module = reinterpret_cast<void*>(handle);
+    CheckCode("mori.shmem.module_finalize", Unlocked([module] { return shmem::ShmemModuleFinalize(module); }));
+  }, py::arg("handle"));
   m.def("register_buffer", &RegisterBuffer, py::arg("address"), py::arg("bytes"));
   m.def("unregister_buffer", &UnregisterBuffer, py::arg("address"));
   m.def("to_dlpack", &ToDlpack, py::arg("address"), py::arg("shape"), py::arg("strides"), py::arg("code"),

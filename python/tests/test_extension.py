@@ -80,6 +80,82 @@ def test_extension_kernels_see_the_runtime_one_pe(build_dir):
         shmem.module_init()
 
 
+HANDLE_SOURCE = Path(__file__).parent / "ext" / "handle_kernel.cu"
+
+
+def _cuda_driver():
+    import ctypes
+    cu = ctypes.CDLL("libcuda.so.1")
+
+    def check(rc, what):
+        assert rc == 0, f"{what} failed: CUresult {rc}"
+    return ctypes, cu, check
+
+
+def test_module_loaded_by_handle(build_dir, tmp_path):
+    """A cubin loaded with cuModuleLoad (how JIT kernels are loaded): module_init(handle) gives it the state,
+    its kernel puts through the heap, it sees finalize and a new init, and module_finalize forgets it. On HOST
+    every handle is refused."""
+    if shmem.is_initialized():
+        shmem.finalize()
+    shmem.init()
+    try:
+        if not GPU:
+            with pytest.raises(mori.MoriError, match="HOST"):
+                shmem.module_init(0x1234)
+            with pytest.raises(mori.MoriError, match="not initialised"):
+                shmem.module_finalize(0x1234)
+            return
+        ctypes, cu, check = _cuda_driver()
+        nvcc = shutil.which("nvcc") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+        major, minor = torch.cuda.get_device_capability()
+        cubin = tmp_path / "handle_kernel.cubin"
+        include = [f"-I{d}" for d in os.environ["MORITEST_INCLUDE_DIRS"].split(os.pathsep)]
+        subprocess.run([nvcc, "-cubin", f"-arch=sm_{major}{minor}", "-std=c++17", "--expt-relaxed-constexpr",
+                        *include, "-o", str(cubin), str(HANDLE_SOURCE)], check=True)
+        torch.cuda.synchronize()  # the runtime's context is current on this thread
+        module, func = ctypes.c_void_p(), ctypes.c_void_p()
+        check(cu.cuModuleLoad(ctypes.byref(module), str(cubin).encode()), "cuModuleLoad")
+        check(cu.cuModuleGetFunction(ctypes.byref(func), module, b"mori_handle_put"), "cuModuleGetFunction")
+
+        def launch(dst, src, count, out):
+            args = [ctypes.c_void_p(dst), ctypes.c_void_p(src), ctypes.c_int(count), ctypes.c_int(0),
+                    ctypes.c_void_p(out.data_ptr())]
+            ptrs = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+            check(cu.cuLaunchKernel(func, 1, 1, 1, 128, 1, 1, 0, None, ptrs, None), "cuLaunchKernel")
+            check(cu.cuCtxSynchronize(), "cuCtxSynchronize")
+
+        with pytest.raises(mori.MoriError, match="not initialised"):
+            shmem.module_finalize(module.value)
+        shmem.module_init(module.value)
+        for count in (1, 1000, 65537):
+            dst = shmem.tensor((count + 2,), torch.float32)
+            dst.fill_(-1.0)
+            src = torch.arange(count, dtype=torch.float32, device=DEVICE) * 0.5 + count
+            out = torch.full((2,), -7, dtype=torch.int32, device=DEVICE)
+            launch(dst[1:].data_ptr(), src.data_ptr(), count, out)
+            assert out.cpu().tolist() == [0, 1]
+            assert torch.equal(dst[1:count + 1].cpu(), src.cpu()), f"{count} floats through the module"
+            assert dst[0].item() == -1.0 and dst[count + 1].item() == -1.0, "the floats around were touched"
+            shmem.free_tensor(dst)
+        shmem.finalize()
+        out = torch.full((2,), -7, dtype=torch.int32, device=DEVICE)
+        launch(0, 0, 0, out)
+        assert out.cpu().tolist()[1] == 0, "the module still sees PEs after finalize"
+        shmem.init()
+        dst = shmem.tensor((16,), torch.float32)
+        src = torch.arange(16, dtype=torch.float32, device=DEVICE) + 3
+        launch(dst.data_ptr(), src.data_ptr(), 16, out)
+        assert out.cpu().tolist() == [0, 1] and torch.equal(dst.cpu(), src.cpu()), "after a new init"
+        shmem.free_tensor(dst)
+        shmem.module_finalize(module.value)
+        with pytest.raises(mori.MoriError, match="not initialised"):
+            shmem.module_finalize(module.value)
+        check(cu.cuModuleUnload(module), "cuModuleUnload")
+    finally:
+        shmem.finalize()
+
+
 PE_SCRIPT = """
 import os, sys, torch
 sys.path.insert(0, os.environ["MORITEST_TESTS_DIR"])

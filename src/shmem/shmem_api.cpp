@@ -10,6 +10,7 @@
 
 #include "mori/core/bootstrap.hpp"
 #include "mori/core/errors.hpp"
+#include "mori/core/gpu.hpp"
 #include "mori/core/launch.hpp"
 #include "mori/core/logging.hpp"
 #include "guarded.hpp"
@@ -64,6 +65,29 @@ void UnregisterStateUploader(StateUploader uploader) {
   list.erase(std::remove(list.begin(), list.end(), uploader), list.end());
 }
 
+// Modules loaded by handle (ShmemModuleInit(module)), in the order they were added.
+std::vector<void*>& HandleModules() {
+  static std::vector<void*> list;
+  return list;
+}
+
+// Copies `state` into the module's kShmemModuleStateSymbol. The symbol is looked up on every upload (a
+// handle whose module was unloaded without ShmemModuleFinalize fails the lookup instead of taking a write).
+void UploadToHandle(void* module, const ShmemDeviceState& state) {
+  void* symbol = nullptr;
+  size_t bytes = 0;
+  core::GpuStatus rc = core::GpuModuleGetGlobal(&symbol, &bytes, module, kShmemModuleStateSymbol);
+  MORI_CHECK(rc == core::kGpuSuccess, core::ErrorCode::InvalidUsage,
+             "module %p has no device state %s (%s): compile it with -DMORI_SHMEM_MODULE_BY_HANDLE before "
+             "including shmem_device_api.hpp, and call ShmemModuleFinalize before unloading it",
+             module, kShmemModuleStateSymbol, core::GpuGetErrorString(rc));
+  MORI_CHECK(bytes == sizeof(ShmemDeviceState), core::ErrorCode::InvalidUsage,
+             "module %p holds a %zu-byte %s, this runtime's is %zu bytes: the module was built against "
+             "another version of mori's headers",
+             module, bytes, kShmemModuleStateSymbol, sizeof(ShmemDeviceState));
+  MORI_CHECK_GPU(core::GpuMemcpy(symbol, &state, sizeof(state)));
+}
+
 // Uploads the published state to every registered module again; the first failure's code, else 0.
 int ReuploadState() {
   std::lock_guard<std::mutex> lock(RegistryMutex());
@@ -74,6 +98,23 @@ int ReuploadState() {
   return 0;
 }
 
+// Uploads the published state to `module` and remembers it (once).
+void AddHandleModule(void* module) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  UploadToHandle(module, Published());
+  auto& list = HandleModules();
+  if (std::find(list.begin(), list.end(), module) == list.end()) list.push_back(module);
+}
+
+bool RemoveHandleModule(void* module) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto& list = HandleModules();
+  auto it = std::find(list.begin(), list.end(), module);
+  if (it == list.end()) return false;
+  list.erase(it);
+  return true;
+}
+
 }  // namespace detail
 
 void PublishDeviceState(const ShmemDeviceState& state) {
@@ -82,6 +123,18 @@ void PublishDeviceState(const ShmemDeviceState& state) {
   for (auto uploader : detail::Uploaders()) {
     int rc = uploader(&state);
     MORI_CHECK(rc == 0, core::ErrorCode::Gpu, "uploading the SHMEM state to a kernel module failed (error %d)", rc);
+  }
+  // A module by handle that no longer takes the state (unloaded without ShmemModuleFinalize) is dropped with
+  // a log line, so that init and finalize still finish.
+  auto& modules = detail::HandleModules();
+  for (auto it = modules.begin(); it != modules.end();) {
+    try {
+      detail::UploadToHandle(*it, state);
+      ++it;
+    } catch (const core::Error& e) {
+      MORI_LOG_ERROR(Shmem, "dropping module %p: %s", *it, e.what());
+      it = modules.erase(it);
+    }
   }
 }
 
@@ -277,13 +330,24 @@ int ShmemTeamSync(ShmemTeam team) {
 
 int ShmemModuleInit(void* module) {
   return Guarded("ShmemModuleInit", [module] {
-    MORI_CHECK(module == nullptr, core::ErrorCode::NotSupported,
-               "ShmemModuleInit(%p): modules loaded by handle are not supported yet; a module that includes "
-               "shmem_device_api.hpp and links libmori_shmem registers itself (pass nullptr)",
-               module);
     (void)Current("ShmemModuleInit");
+    if (module != nullptr) {
+      MORI_CHECK(!MORI_BACKEND_HOST, core::ErrorCode::NotSupported,
+                 "ShmemModuleInit(%p): the HOST backend loads no GPU modules (its kernels all share one state)",
+                 module);
+      detail::AddHandleModule(module);
+      return;
+    }
     int rc = detail::ReuploadState();
     MORI_CHECK(rc == 0, core::ErrorCode::Gpu, "uploading the SHMEM state to a module failed (GPU error %d)", rc);
+  });
+}
+
+int ShmemModuleFinalize(void* module) {
+  return Guarded("ShmemModuleFinalize", [module] {
+    MORI_CHECK(module != nullptr, core::ErrorCode::InvalidUsage, "module is null");
+    MORI_CHECK(detail::RemoveHandleModule(module), core::ErrorCode::InvalidUsage,
+               "module %p was not initialised with ShmemModuleInit(module) (or was finalized already)", module);
   });
 }
 

@@ -19,8 +19,13 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
+#include "mori/core/logging.hpp"
 #include "mori/shmem/shmem_api.hpp"
 #include "mori/shmem/shmem_device_api.hpp"
+
+#if MORI_BACKEND_CUDA
+#include <cuda.h>  // modules loaded by handle
+#endif
 
 namespace mori::shmem {
 namespace {
@@ -1048,6 +1053,141 @@ MORI_GLOBAL void TouchKernel(uint64_t* word, uint64_t value) {
 
 // Init and finalize 50 times: every round allocates, communicates and frees; nothing is left behind.
 // Also a heap size that differs on one PE, which every PE must refuse. Runs last: it re-initialises.
+// Modules loaded by handle (ShmemModuleInit(module)): a cubin and PTX that the driver JIT-compiles, built on
+// their own from shmem_handle_module.cu, run a put-with-signal ring on the symmetric heap, see the runtime go
+// down at ShmemFinalize and come back at ShmemInit; one built without MORI_SHMEM_MODULE_BY_HANDLE is refused
+// with a message that names the macro. HOST has no GPU modules: every handle is refused there.
+#if MORI_BACKEND_CUDA || MORI_BACKEND_HIP
+#if MORI_BACKEND_CUDA
+using ModuleHandle = CUmodule;
+using KernelHandle = CUfunction;
+bool LoadModule(const std::string& path, ModuleHandle* m) { return cuModuleLoad(m, path.c_str()) == CUDA_SUCCESS; }
+bool UnloadModule(ModuleHandle m) { return cuModuleUnload(m) == CUDA_SUCCESS; }
+bool GetKernel(ModuleHandle m, KernelHandle* f) {
+  return cuModuleGetFunction(f, m, "mori_handle_ring") == CUDA_SUCCESS;
+}
+bool Launch(KernelHandle f, void** args) {
+  return cuLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, nullptr, args, nullptr) == CUDA_SUCCESS &&
+         cuCtxSynchronize() == CUDA_SUCCESS;
+}
+const char* const kHandleModules[] = {"shmem_handle_module_cubin.cubin", "shmem_handle_module_ptx.ptx"};
+const char* const kPlainModule = "shmem_handle_module_plain.cubin";
+#else
+using ModuleHandle = hipModule_t;
+using KernelHandle = hipFunction_t;
+bool LoadModule(const std::string& path, ModuleHandle* m) { return hipModuleLoad(m, path.c_str()) == hipSuccess; }
+bool UnloadModule(ModuleHandle m) { return hipModuleUnload(m) == hipSuccess; }
+bool GetKernel(ModuleHandle m, KernelHandle* f) {
+  return hipModuleGetFunction(f, m, "mori_handle_ring") == hipSuccess;
+}
+bool Launch(KernelHandle f, void** args) {
+  return hipModuleLaunchKernel(f, 1, 1, 1, 128, 1, 1, 0, nullptr, args, nullptr) == hipSuccess &&
+         hipDeviceSynchronize() == hipSuccess;
+}
+const char* const kHandleModules[] = {"shmem_handle_module_codeobj.hsaco"};
+const char* const kPlainModule = "shmem_handle_module_plain.hsaco";
+#endif
+
+// One ring round through module kernel `f`: every PE puts `bytes` of its pattern for `round` into its right
+// neighbour's buffer with the signal, checks what its left neighbour sent, and the buffer around it is intact.
+void HandleRingRound(KernelHandle f, size_t bytes, uint64_t round) {
+  constexpr size_t kPad = 64;
+  uint8_t* buf = GuardedBuffer(bytes + 2 * kPad);
+  auto* src = static_cast<uint8_t*>(ShmemMalloc(bytes));
+  auto* sig = static_cast<uint64_t*>(ShmemCalloc(1, sizeof(uint64_t)));
+  ASSERT_TRUE(buf && src && sig);
+  std::vector<uint8_t> pattern(bytes);
+  for (size_t i = 0; i < bytes; ++i) pattern[i] = PatternByte(Me(), i, static_cast<uint32_t>(round));
+  FromHost(src, pattern);
+  core::GpuBuffer out(4 * sizeof(uint32_t));
+  ASSERT_EQ(core::GpuMemset(out.Data(), 0xFF, out.Bytes()), core::kGpuSuccess);
+  ShmemBarrierAll();
+  uint8_t* dst = buf + kPad;
+  auto* outPtr = out.DataAs<uint32_t>();
+  void* args[] = {&dst, &src, &bytes, &sig, &round, &outPtr};
+  ASSERT_TRUE(Launch(f, args)) << "round " << round;
+  uint32_t o[4];
+  ASSERT_EQ(core::GpuMemcpy(o, out.Data(), sizeof(o)), core::kGpuSuccess);
+  EXPECT_EQ(o[0], static_cast<uint32_t>(Me()));
+  EXPECT_EQ(o[1], static_cast<uint32_t>(N()));
+  EXPECT_EQ(o[2], static_cast<uint32_t>(N()));
+  EXPECT_EQ(o[3], 0u) << "bytes from the left neighbour that differ, round " << round;
+  ExpectRegion(ToHost(buf, bytes + 2 * kPad), kPad, kPad + bytes, (Me() + N() - 1) % N(),
+               static_cast<uint32_t>(round), "module by handle");
+  ShmemBarrierAll();
+  ShmemFree(sig);
+  ShmemFree(src);
+  ShmemFree(buf);
+}
+
+TEST(ShmemTest, ModulesLoadedByHandle) {
+  const std::string dir = MORI_TEST_HANDLE_MODULE_DIR;
+  ModuleHandle plain{};
+  ASSERT_TRUE(LoadModule(dir + "/" + kPlainModule, &plain));
+  core::ClearLastError();
+  EXPECT_NE(ShmemModuleInit(plain), 0) << "a module built without MORI_SHMEM_MODULE_BY_HANDLE";
+  EXPECT_NE(std::string(core::LastError()).find("MORI_SHMEM_MODULE_BY_HANDLE"), std::string::npos)
+      << core::LastError();
+  EXPECT_NE(ShmemModuleFinalize(plain), 0) << "never initialised";
+  EXPECT_TRUE(UnloadModule(plain));
+
+  std::vector<ModuleHandle> modules;
+  std::vector<KernelHandle> kernels;
+  for (const char* name : kHandleModules) {
+    ModuleHandle m{};
+    KernelHandle f{};
+    ASSERT_TRUE(LoadModule(dir + "/" + name, &m)) << name;
+    ASSERT_TRUE(GetKernel(m, &f)) << name;
+    EXPECT_NE(ShmemModuleFinalize(m), 0) << "finalize before init";
+    ASSERT_EQ(ShmemModuleInit(m), 0) << name << ": " << core::LastError();
+    ASSERT_EQ(ShmemModuleInit(m), 0) << "a second init only uploads again";
+    modules.push_back(m);
+    kernels.push_back(f);
+  }
+  uint64_t round = 1;
+  for (KernelHandle f : kernels) {
+    for (size_t bytes : {size_t(8), size_t(12345), size_t(256 << 10)}) HandleRingRound(f, bytes, round++);
+  }
+
+  // Down and up again: the modules see the cleared state (no PEs), then the new runtime's heap.
+  ASSERT_EQ(ShmemFinalize(), 0);
+  core::GpuBuffer out(4 * sizeof(uint32_t));
+  for (KernelHandle f : kernels) {
+    ASSERT_EQ(core::GpuMemset(out.Data(), 0xFF, out.Bytes()), core::kGpuSuccess);
+    void* nothing = nullptr;
+    size_t zero = 0;
+    uint64_t r = 0;
+    auto* outPtr = out.DataAs<uint32_t>();
+    void* args[] = {&nothing, &nothing, &zero, &nothing, &r, &outPtr};
+    ASSERT_TRUE(Launch(f, args));
+    uint32_t o[4];
+    ASSERT_EQ(core::GpuMemcpy(o, out.Data(), sizeof(o)), core::kGpuSuccess);
+    EXPECT_EQ(o[1], 0u) << "the module still saw " << o[1] << " PEs after ShmemFinalize";
+  }
+  ASSERT_EQ(ShmemInit(), 0);
+  for (KernelHandle f : kernels) HandleRingRound(f, 4099, round++);
+
+  for (ModuleHandle m : modules) {
+    EXPECT_EQ(ShmemModuleFinalize(m), 0);
+    EXPECT_NE(ShmemModuleFinalize(m), 0) << "finalized twice";
+    EXPECT_TRUE(UnloadModule(m));
+  }
+  // The forgotten modules take no more uploads: a finalize and init after their unload are clean.
+  ASSERT_EQ(ShmemFinalize(), 0);
+  ASSERT_EQ(ShmemInit(), 0);
+}
+#else
+TEST(ShmemTest, ModulesLoadedByHandle) {
+  int fake = 0;
+  core::ClearLastError();
+  EXPECT_NE(ShmemModuleInit(&fake), 0) << "HOST loads no GPU modules";
+  EXPECT_NE(std::string(core::LastError()).find("HOST"), std::string::npos) << core::LastError();
+  EXPECT_NE(ShmemModuleFinalize(&fake), 0);
+  EXPECT_NE(ShmemModuleFinalize(nullptr), 0);
+  EXPECT_EQ(ShmemModuleInit(), 0);
+}
+#endif
+
 TEST(ShmemTest, ZzInitFinalizeLoopLeaksNothingAndHeapSizesMustAgree) {
   ASSERT_EQ(ShmemFinalize(), 0);
   EXPECT_NE(ShmemFinalize(), 0);

@@ -83,6 +83,10 @@ inline GpuStatus GpuEventSynchronize(GpuEvent e) { return cudaEventSynchronize(e
 inline GpuStatus GpuEventElapsedTime(float* ms, GpuEvent a, GpuEvent b) { return cudaEventElapsedTime(ms, a, b); }
 inline GpuStatus GpuGetLastError() { return cudaGetLastError(); }
 inline const char* GpuGetErrorString(GpuStatus s) { return cudaGetErrorString(s); }
+// The device address and size of global `name` in a module loaded by handle (a CUmodule from cuModuleLoad*,
+// e.g. a cubin, fatbin or PTX the driver JIT-compiles). The driver's code as a runtime code (their numbers
+// agree: 500 not found, 400 invalid handle). Defined in libmori_core.
+GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, const char* name);
 
 #elif MORI_BACKEND_HIP
 
@@ -155,6 +159,10 @@ inline GpuStatus GpuEventSynchronize(GpuEvent e) { return hipEventSynchronize(e)
 inline GpuStatus GpuEventElapsedTime(float* ms, GpuEvent a, GpuEvent b) { return hipEventElapsedTime(ms, a, b); }
 inline GpuStatus GpuGetLastError() { return hipGetLastError(); }
 inline const char* GpuGetErrorString(GpuStatus s) { return hipGetErrorString(s); }
+// As on CUDA, for a hipModule_t from hipModuleLoad*.
+inline GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, const char* name) {
+  return hipModuleGetGlobal(reinterpret_cast<hipDeviceptr_t*>(ptr), bytes, static_cast<hipModule_t>(module), name);
+}
 
 #else  // MORI_BACKEND_HOST
 
@@ -206,6 +214,8 @@ GpuStatus GpuEventSynchronize(GpuEvent e);
 GpuStatus GpuEventElapsedTime(float* ms, GpuEvent a, GpuEvent b);
 GpuStatus GpuGetLastError();
 const char* GpuGetErrorString(GpuStatus s);
+// HOST loads no GPU modules: always kGpuErrorNotSupported.
+GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, const char* name);
 
 #endif
 

@@ -74,10 +74,20 @@ int ShmemSignalWaitUntilOnStream(uint64_t* sigAddr, CmpOp cmp, uint64_t value, c
 // A separately compiled module (a shared library such as a PyTorch extension, or a program's other
 // translation units) that includes shmem_device_api.hpp registers its copy of the device state when it is
 // loaded, and ShmemInit and ShmemFinalize update it; a module loaded after ShmemInit gets the state at once.
-// ShmemModuleInit checks that the runtime is up and that every registered module holds the current state
-// (0 when so): call it once after loading a module, before its first kernel. `module` is reserved for
-// modules loaded by handle (cuModuleLoad / JIT) and must be nullptr today.
+// ShmemModuleInit() checks that the runtime is up and that every registered module holds the current state
+// (0 when so): call it once after loading a module, before its first kernel.
+//
+// A module loaded by handle (a CUmodule from cuModuleLoad/cuModuleLoadData of a cubin, fatbin or PTX the
+// driver JIT-compiles, a CUlibrary's module from cuLibraryGetModule, a hipModule_t) runs no host code, so it
+// cannot register itself: compile it with -DMORI_SHMEM_MODULE_BY_HANDLE (its state then has the fixed name
+// kShmemModuleStateSymbol) and call ShmemModuleInit(module) after ShmemInit, before its first kernel. The
+// runtime uploads the state now and again at every ShmemInit and ShmemFinalize until
+// ShmemModuleFinalize(module), which must come before the module is unloaded. Calling ShmemModuleInit again
+// for the same module only uploads. Errors: the runtime is not up, the module has no such state (compiled
+// without the macro) or one of another size (another mori version), the HOST backend (no GPU modules).
 int ShmemModuleInit(void* module = nullptr);
+// Forgets a module loaded by handle (0), or an error when it was not initialised with ShmemModuleInit.
+int ShmemModuleFinalize(void* module);
 
 // Per-peer transport (Self for the calling PE).
 TransportType ShmemTransportType(int pe);

@@ -12,6 +12,8 @@
 namespace mori::shmem {
 
 constexpr uint32_t kShmemStateMagic = 0x53484d31;  // "SHM1": set while the runtime is initialised
+// The name of the state in a module loaded by handle (see MORI_SHMEM_MODULE_BY_HANDLE).
+constexpr const char kShmemModuleStateSymbol[] = "mori_shmem_module_state";
 
 // One QP to a peer with its CQ, in memory every posting thread reaches.
 struct ShmemQueuePair {

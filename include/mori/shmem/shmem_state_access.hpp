@@ -34,6 +34,15 @@ int HostTeamTranslatePe(ShmemTeam from, int pe, ShmemTeam to);
 #if MORI_BACKEND_HOST
 extern ShmemDeviceState hostState;
 MORI_HOST_DEVICE_INLINE const ShmemDeviceState& State() { return hostState; }
+#elif MORI_GPU_COMPILER && defined(MORI_SHMEM_MODULE_BY_HANDLE)
+// A module the application loads by handle (cuModuleLoad / hipModuleLoad of a cubin, fatbin or PTX, compiled
+// with -DMORI_SHMEM_MODULE_BY_HANDLE): no host code of it runs, so it cannot register itself. Its state has a
+// fixed unmangled name that ShmemModuleInit(module) finds with the driver (kShmemModuleStateSymbol), and the
+// runtime uploads to it until ShmemModuleFinalize(module).
+extern "C" {
+__constant__ ShmemDeviceState mori_shmem_module_state;
+}
+MORI_DEVICE_INLINE const ShmemDeviceState& State() { return mori_shmem_module_state; }
 #elif MORI_GPU_COMPILER
 namespace {
 __constant__ ShmemDeviceState tuState;

@@ -46,6 +46,7 @@ const Driver& Driver::Get() {
     Load(driver.memRetainAllocationHandle, "cuMemRetainAllocationHandle");
     Load(driver.memGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle");
     Load(driver.memGetAddressRange, "cuMemGetAddressRange");
+    Load(driver.moduleGetGlobal, "cuModuleGetGlobal");
   });
   return driver;
 }
@@ -97,3 +98,18 @@ bool VmmFdSupported(int device) {
 }
 
 }  // namespace mori::core::cuda
+
+namespace mori::core {
+
+GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, const char* name) {
+  if (ptr == nullptr || bytes == nullptr || module == nullptr || name == nullptr) return cudaErrorInvalidValue;
+  *ptr = nullptr;
+  *bytes = 0;
+  CUdeviceptr dptr = 0;
+  CUresult rc = cuda::Driver::Get().moduleGetGlobal(&dptr, bytes, static_cast<CUmodule>(module), name);
+  if (rc != CUDA_SUCCESS) return static_cast<GpuStatus>(rc);
+  *ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(dptr));
+  return cudaSuccess;
+}
+
+}  // namespace mori::core

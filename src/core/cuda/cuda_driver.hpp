@@ -25,6 +25,7 @@ struct Driver {
   decltype(&::cuMemRetainAllocationHandle) memRetainAllocationHandle = nullptr;
   decltype(&::cuMemGetAllocationPropertiesFromHandle) memGetAllocationPropertiesFromHandle = nullptr;
   decltype(&::cuMemGetAddressRange) memGetAddressRange = nullptr;
+  decltype(&::cuModuleGetGlobal) moduleGetGlobal = nullptr;
 
   // Loaded once; throws NotSupported naming the entry point the driver does not have.
   static const Driver& Get();

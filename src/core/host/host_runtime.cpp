@@ -485,6 +485,12 @@ GpuStatus GpuGetLastError() {
   return s;
 }
 
+GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void*, const char*) {
+  if (ptr != nullptr) *ptr = nullptr;
+  if (bytes != nullptr) *bytes = 0;
+  return Fail(kGpuErrorNotSupported);
+}
+
 const char* GpuGetErrorString(GpuStatus s) {
   switch (s) {
     case kGpuSuccess: return "no error";
