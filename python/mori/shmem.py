@@ -184,7 +184,9 @@ def barrier_all(stream=None):
 # None meaning torch's current stream of the heap's GPU. On HOST (no GPU; CPU tensors) each call returns when
 # its work is done. Symmetric arguments (put's dst, get's src, the signal) are tensors from tensor() or views of
 # one; the other side is any contiguous tensor on this PE's device (over RDMA or the proxy it must be on the heap
-# or registered with register_buffer()). Puts are non-blocking: a put is complete at its target, and its source
+# or registered with register_buffer()). Instead of a torch tensor, any array with __cuda_array_interface__ (CuPy,
+# Numba; on HOST __array_interface__: NumPy) is accepted, C-contiguous, e.g. a CuPy view of a symmetric
+# tensor. Puts are non-blocking: a put is complete at its target, and its source
 # may be written again, only after a later quiet() or barrier on the same stream (a put-with-signal's signal
 # says its data arrived, not that the sender may reuse the source).
 
@@ -200,8 +202,42 @@ def _stream_handle(stream, op):
     return int(stream.cuda_stream)
 
 
+def _interface(obj):
+    """The array interface of a non-torch array: __cuda_array_interface__ (CuPy, Numba, ...) on a GPU backend,
+    __array_interface__ (NumPy) on HOST; None when obj has neither."""
+    name = "__array_interface__" if _mori.backend == "HOST" else "__cuda_array_interface__"
+    return getattr(obj, name, None)
+
+
+def _interface_span(ai, what, op):
+    """Address and bytes of a C-contiguous array described by an array interface dict."""
+    shape = tuple(int(x) for x in ai["shape"])
+    typestr = ai["typestr"]
+    itemsize = int(typestr[2:])
+    if typestr[0] == ">":
+        raise MoriError(f"{op}: {what} is big-endian ({typestr})")
+    strides = ai.get("strides")
+    if strides is not None:
+        want = itemsize
+        for size, stride in reversed(list(zip(shape, strides))):
+            if size > 1 and stride != want:
+                raise MoriError(f"{op}: {what} must be contiguous (shape {shape}, strides {tuple(strides)} bytes)")
+            want *= size
+    count = 1
+    for size in shape:
+        count *= size
+    return int(ai["data"][0]), count * itemsize, typestr
+
+
 def _span(t, what, op):
-    """Address and bytes of a contiguous tensor."""
+    """Address and bytes of a contiguous torch tensor or array with an array interface."""
+    if not hasattr(t, "data_ptr"):
+        ai = _interface(t)
+        if ai is None:
+            kind = "__array_interface__" if _mori.backend == "HOST" else "__cuda_array_interface__"
+            raise MoriError(f"{op}: {what} is a {type(t).__name__}, neither a torch tensor nor an array with {kind}")
+        address, nbytes, _ = _interface_span(ai, what, op)
+        return address, nbytes
     if not t.is_contiguous():
         raise MoriError(f"{op}: {what} must be contiguous (shape {tuple(t.shape)}, strides {t.stride()})")
     return t.data_ptr(), t.numel() * t.element_size()
@@ -216,6 +252,12 @@ def _same_bytes(op, dst, src):
 
 
 def _signal_word(sig, op):
+    if not hasattr(sig, "data_ptr") and _interface(sig) is not None:
+        address, nbytes, typestr = _interface_span(_interface(sig), "the signal", op)
+        if typestr[1:] not in ("i8", "u8") or nbytes != 8:
+            raise MoriError(f"{op}: the signal must be one 64-bit integer of a symmetric array (got {typestr}, "
+                            f"{nbytes} bytes)")
+        return address
     torch = _torch()
     if sig.dtype not in (torch.int64, getattr(torch, "uint64", torch.int64)) or sig.numel() != 1:
         raise MoriError(f"{op}: the signal must be one int64 element of a symmetric tensor (got {sig.dtype}, "
@@ -285,7 +327,7 @@ def register_buffer(t):
 
 def unregister_buffer(t):
     """Undoes register_buffer(t), after a quiet() that covers every operation on it."""
-    _mori.unregister_buffer(t.data_ptr())
+    _mori.unregister_buffer(_span(t, "the tensor", "mori.shmem.unregister_buffer")[0])
 
 
 # ---- teams ----

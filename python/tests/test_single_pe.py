@@ -199,6 +199,49 @@ def test_put_get_signal_and_quiet_to_itself(pe):
         shmem.free_tensor(t)
 
 
+class InterfaceOnly:
+    """An array known only by its array interface, as a CuPy or Numba array (GPU) or a NumPy array (HOST) is:
+    __cuda_array_interface__ of a CUDA tensor, __array_interface__ of a CPU tensor's NumPy view."""
+
+    def __init__(self, t, strides=None):
+        self.t = t
+        if mori.backend == "HOST":
+            ai = dict(t.numpy().__array_interface__)
+        else:
+            ai = dict(t.__cuda_array_interface__)
+        if strides is not None:
+            ai["strides"] = strides
+        setattr(self, "__array_interface__" if mori.backend == "HOST" else "__cuda_array_interface__", ai)
+
+
+def test_arrays_with_an_array_interface(pe):
+    device = "cpu" if mori.backend == "HOST" else "cuda"
+    dst = shmem.tensor((3, 333), torch.float32)
+    guard = shmem.tensor((64,), torch.float32)
+    sig = shmem.tensor((1,), torch.int64)
+    src = (torch.arange(999, dtype=torch.float32, device=device) * 0.25 - 7).reshape(3, 333)
+    shmem.put_signal(InterfaceOnly(dst), InterfaceOnly(src), InterfaceOnly(sig), 5, shmem.SignalOp.Set, 0)
+    shmem.signal_wait_until(InterfaceOnly(sig), shmem.CmpOp.EQ, 5)
+    shmem.quiet()
+    shmem.barrier_all()
+    assert torch.equal(dst.cpu(), src.cpu())
+    back = torch.zeros(999, dtype=torch.float32, device=device)
+    shmem.get(InterfaceOnly(back), InterfaceOnly(dst), 0)
+    shmem.barrier_all()
+    assert torch.equal(back.cpu(), src.reshape(-1).cpu())
+    assert torch.count_nonzero(guard.cpu()) == 0, "nothing outside the targets changed"
+    with pytest.raises(mori.MoriError, match="must be contiguous"):
+        shmem.put(InterfaceOnly(dst, strides=(8, 4)), InterfaceOnly(src), 0)
+    with pytest.raises(mori.MoriError, match="one 64-bit integer"):
+        shmem.put_signal(InterfaceOnly(dst), InterfaceOnly(src), InterfaceOnly(dst), 1, shmem.SignalOp.Set, 0)
+    with pytest.raises(mori.MoriError, match="neither a torch tensor nor an array"):
+        shmem.put(object(), InterfaceOnly(src), 0)
+    with pytest.raises(mori.MoriError, match="not inside the symmetric heap"):
+        shmem.put(InterfaceOnly(back), InterfaceOnly(src.reshape(-1)), 0)
+    for t in (sig, guard, dst):
+        shmem.free_tensor(t)
+
+
 def test_teams_of_one_pe(pe):
     world, node = shmem.team_world(), shmem.team_node()
     assert (world.my_pe(), world.n_pes(), node.my_pe(), node.n_pes()) == (0, 1, 0, 1)
