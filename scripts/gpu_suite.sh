@@ -155,6 +155,17 @@ if [ "${ONLY:-}" = shmem ]; then
   report_failures
   exit $rc
 fi
+# ONLY=ep: the MoE dispatch/combine suite with 2 PEs under each transport of SHMEM_TRANSPORTS (default: p2p rdma
+# proxy), gtest filter EP_FILTER.
+if [ "${ONLY:-}" = ep ]; then
+  for tr in ${SHMEM_TRANSPORTS:-p2p rdma proxy}; do
+    run mpi_ep_$tr "${mpirun_[@]}" -np 2 -x MORI_SHMEM_TRANSPORT=$tr -x MORI_SHMEM_HEAP_SIZE=256m \
+      -x MORI_TIMEOUT_S=60 ./tests/mori_ep_mpi_tests ${EP_FILTER:-}
+  done
+  cat "$out/summary.txt"
+  report_failures
+  exit $rc
+fi
 # ONLY=channels: the channel layer and the SHMEM Proxy transport alone (suites, examples, benchmarks).
 if [ "${ONLY:-}" = channels ]; then
   # Through ctest: one process per test, so forked children never inherit a CUDA context.

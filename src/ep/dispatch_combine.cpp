@@ -1,0 +1,787 @@
+// MoE dispatch and combine (include/mori/ep/dispatch_combine.hpp) on the public SHMEM device API.
+//
+// Slots: a token that source PE s sends to PE d gets slot j on d, its rank among s's tokens for d (in token
+// order, so the received layout is deterministic). Every PE's symmetric receive buffer has W * M message slots,
+// [s][j]; combine sends each PE's row back into the source's combine buffer at [d][j]. Signals are one word per
+// (PE, direction) holding (round << 32) | count, Set by the sender after its data: rounds only grow, so no
+// signal is ever reset and a stale one cannot pass for a new one. A count of kAborted says the sender found
+// bad input and sent nothing; every PE then skips the rest of the round.
+//
+// Kernels of one Dispatch, in stream order: Route (1 block: validates expert ids, numbers the slots), Send
+// (IntraNode: stores the messages straight into the peers' slots through ShmemPtr; InterNode: packs them per
+// destination in the local send buffer), Signal (IntraNode: a signal per destination; InterNode: one
+// put-with-signal per destination for its whole batch), Receive (waits for every source's signal, prefix
+// sums), Unpack (the flat result). Combine: Send rows (stores or staging), Signal (the same two ways),
+// Wait, Reduce (the weighted sum per token).
+#include "mori/ep/dispatch_combine.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "mori/core/atomic.hpp"
+#include "mori/core/errors.hpp"
+#include "mori/core/gpu.hpp"
+#include "mori/core/gpu_buffer.hpp"
+#include "mori/core/kernel.hpp"
+#include "mori/core/logging.hpp"
+#include "mori/shmem/shmem_api.hpp"
+#include "mori/shmem/shmem_device_api.hpp"
+
+namespace mori::ep {
+
+size_t DataTypeBytes(DataType type) {
+  switch (type) {
+    case DataType::Float32: return 4;
+    case DataType::BFloat16:
+    case DataType::Float16: return 2;
+    case DataType::Fp8E4M3: return 1;
+  }
+  return 0;
+}
+
+const char* DataTypeName(DataType type) {
+  switch (type) {
+    case DataType::Float32: return "float32";
+    case DataType::BFloat16: return "bfloat16";
+    case DataType::Float16: return "float16";
+    case DataType::Fp8E4M3: return "fp8_e4m3";
+  }
+  return "unknown dtype";
+}
+
+const char* EpKernelTypeName(EpKernelType type) {
+  switch (type) {
+    case EpKernelType::IntraNode: return "IntraNode";
+    case EpKernelType::InterNode: return "InterNode";
+    case EpKernelType::LowLatency: return "LowLatency";
+  }
+  return "unknown kernel type";
+}
+
+namespace {
+
+using core::Dim3;
+using core::ErrorCode;
+using shmem::CmpOp;
+using shmem::SignalOp;
+
+constexpr uint32_t kAborted = 0xFFFFFFFFu;
+constexpr int kMaxWorld = 64;  // a token's destinations are a 64-bit mask
+constexpr int kMaxTopk = 16;
+
+constexpr size_t Align16(size_t n) { return (n + 15) & ~size_t(15); }
+
+struct alignas(16) Word16 {
+  uint64_t lo, hi;
+};
+
+// What the kernels found, in device memory; the host reads it in Status().
+struct Control {
+  int32_t error;      // ErrorKind
+  int32_t token;      // the offending token and top-k slot, the bad value
+  int32_t slot;
+  int32_t value;
+  int32_t abortedBy;  // a PE whose round was aborted (-1: none)
+  int32_t aborted;    // this PE skips the rest of the round
+  int32_t staleFrom;  // a PE whose signal carried another round
+  uint32_t staleRound;
+};
+
+enum ErrorKind : int32_t { kNoError = 0, kBadExpert = 1, kAbortedElsewhere = 2, kStaleSignal = 3 };
+
+// Message layout in a slot: header (source position), token, scales, indices, weights; each part 16-aligned.
+struct Layout {
+  size_t tokenBytes, scaleOff, indexOff, weightOff, msgBytes, rowBytes, rowDataBytes;
+};
+
+// ---- conversions (bit-exact, the same on every backend) ----
+
+MORI_HOST_DEVICE_INLINE float BitsToFloat(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+MORI_HOST_DEVICE_INLINE uint32_t FloatToBits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+MORI_HOST_DEVICE_INLINE float Bf16ToFloat(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
+MORI_HOST_DEVICE_INLINE uint16_t FloatToBf16(float f) {
+  uint32_t u = FloatToBits(f);
+  if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x7FFFFFu) != 0) return 0x7FC0;  // NaN
+  u += 0x7FFFu + ((u >> 16) & 1u);                                                // round to nearest even
+  return static_cast<uint16_t>(u >> 16);
+}
+MORI_HOST_DEVICE_INLINE float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1Fu, man = h & 0x3FFu;
+  if (exp == 0x1F) return BitsToFloat(sign | 0x7F800000u | (man << 13));  // inf, NaN
+  if (exp == 0) {
+    if (man == 0) return BitsToFloat(sign);
+    // Subnormal: man * 2^-24.
+    float v = static_cast<float>(man) * (1.0f / 16777216.0f);
+    return sign ? -v : v;
+  }
+  return BitsToFloat(sign | ((exp + 112) << 23) | (man << 13));
+}
+MORI_HOST_DEVICE_INLINE uint16_t FloatToHalf(float f) {
+  const uint32_t u = FloatToBits(f);
+  const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a >= 0x7F800000u) return sign | (a > 0x7F800000u ? 0x7E00 : 0x7C00);  // NaN, inf
+  if (a >= 0x477FF000u) return sign | 0x7C00;                               // rounds past 65504
+  if (a < 0x38800000u) {                                                      // below 2^-14: subnormal
+    const float v = BitsToFloat(a) * 16777216.0f;                             // in units of 2^-24
+    uint32_t m = static_cast<uint32_t>(v);
+    const float rest = v - static_cast<float>(m);
+    if (rest > 0.5f || (rest == 0.5f && (m & 1u))) ++m;
+    return sign | static_cast<uint16_t>(m);
+  }
+  uint32_t r = a - 0x38000000u;  // rebias 127 -> 15 (the exponent moves down by 112 << 23)
+  r += 0xFFFu + ((r >> 13) & 1u);
+  return sign | static_cast<uint16_t>(r >> 13);
+}
+
+template <DataType T>
+struct Elem;
+template <>
+struct Elem<DataType::Float32> {
+  using Storage = float;
+  MORI_HOST_DEVICE_INLINE static float Load(const Storage* p, size_t i) { return p[i]; }
+  MORI_HOST_DEVICE_INLINE static void Store(Storage* p, size_t i, float v) { p[i] = v; }
+};
+template <>
+struct Elem<DataType::BFloat16> {
+  using Storage = uint16_t;
+  MORI_HOST_DEVICE_INLINE static float Load(const Storage* p, size_t i) { return Bf16ToFloat(p[i]); }
+  MORI_HOST_DEVICE_INLINE static void Store(Storage* p, size_t i, float v) { p[i] = FloatToBf16(v); }
+};
+template <>
+struct Elem<DataType::Float16> {
+  using Storage = uint16_t;
+  MORI_HOST_DEVICE_INLINE static float Load(const Storage* p, size_t i) { return HalfToFloat(p[i]); }
+  MORI_HOST_DEVICE_INLINE static void Store(Storage* p, size_t i, float v) { p[i] = FloatToHalf(v); }
+};
+
+// ---- device helpers ----
+
+// The block copies `bytes` from src to dst: 16-byte words where both are 16-aligned, else bytes.
+MORI_DEVICE_INLINE void BlockCopy(void* dst, const void* src, size_t bytes) {
+  const unsigned tid = core::FlatThreadIdx(), nt = core::FlatBlockDim();
+  auto* d = static_cast<uint8_t*>(dst);
+  auto* s = static_cast<const uint8_t*>(src);
+  size_t done = 0;
+  if (((reinterpret_cast<uintptr_t>(d) | reinterpret_cast<uintptr_t>(s)) & 15) == 0) {
+    const size_t words = bytes / 16;
+    auto* dw = reinterpret_cast<Word16*>(d);
+    auto* sw = reinterpret_cast<const Word16*>(s);
+    for (size_t i = tid; i < words; i += nt) dw[i] = sw[i];
+    done = words * 16;
+  }
+  for (size_t i = done + tid; i < bytes; i += nt) d[i] = s[i];
+}
+
+// Row i of the flat result comes from source *s, its slot *j there.
+MORI_DEVICE_INLINE void SourceOf(const int32_t* offsets, int world, int i, int* s, int* j) {
+  int src = 0;
+  while (src + 1 < world && offsets[src + 1] <= i) ++src;
+  *s = src;
+  *j = i - offsets[src];
+}
+
+MORI_DEVICE_INLINE void RecordError(Control* ctl, int32_t kind, int32_t token, int32_t slot, int32_t value) {
+  if (core::AtomicCompareExchange<core::MemoryOrder::AcqRel, core::Scope::Device>(&ctl->error, int32_t(kNoError),
+                                                                                 kind) == kNoError) {
+    core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->token, token);
+    core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->slot, slot);
+    core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->value, value);
+  }
+}
+
+struct RouteArgs {
+  const int32_t* indices;
+  const float* weights;
+  int numTokens, topk, expertsPerRank, world;
+  int32_t* slotOf;      // [M * W]
+  float* weightSum;     // [M * W]
+  int32_t* sendCount;   // [W]
+  Control* ctl;
+};
+
+// One block of at least W threads. Validates every expert id, then numbers each token's slot on each of its
+// destination PEs in token order (thread d scans the chunk's destination masks for PE d).
+MORI_GLOBAL void RouteKernel(RouteArgs a) {
+  const unsigned tid = core::FlatThreadIdx(), nt = core::FlatBlockDim();
+  auto* masks = core::DynamicSharedMemory<uint64_t>();
+  if (tid == 0) {
+    a.ctl->error = kNoError;
+    a.ctl->abortedBy = -1;
+    a.ctl->aborted = 0;
+    a.ctl->staleFrom = -1;
+  }
+  core::SyncThreads();
+  const int experts = a.expertsPerRank * a.world;
+  int count = 0;  // thread d: tokens for PE d so far
+  for (int base = 0; base < a.numTokens; base += static_cast<int>(nt)) {
+    const int t = base + static_cast<int>(tid);
+    uint64_t mask = 0;
+    if (t < a.numTokens) {
+      float* ws = a.weightSum + static_cast<size_t>(t) * a.world;
+      for (int d = 0; d < a.world; ++d) ws[d] = 0.0f;
+      for (int k = 0; k < a.topk; ++k) {
+        const int e = a.indices[static_cast<size_t>(t) * a.topk + k];
+        if (e < 0 || e >= experts) {
+          RecordError(a.ctl, kBadExpert, t, k, e);
+          continue;
+        }
+        const int d = e / a.expertsPerRank;
+        mask |= uint64_t(1) << d;
+        ws[d] += a.weights[static_cast<size_t>(t) * a.topk + k];
+      }
+    }
+    masks[tid] = mask;
+    core::SyncThreads();
+    if (static_cast<int>(tid) < a.world) {
+      const int d = static_cast<int>(tid);
+      const int n = std::min(static_cast<int>(nt), a.numTokens - base);
+      for (int i = 0; i < n; ++i) {
+        a.slotOf[static_cast<size_t>(base + i) * a.world + d] = (masks[i] >> d) & 1 ? count++ : -1;
+      }
+    }
+    core::SyncThreads();
+  }
+  if (static_cast<int>(tid) < a.world) a.sendCount[tid] = count;
+}
+
+struct DispatchArgs {
+  const uint8_t* input;
+  const int32_t* indices;
+  const float* weights;
+  const float* scales;
+  int numTokens, topk, scaleDim, world, rank, maxTokens;
+  Layout lay;
+  const int32_t* slotOf;
+  const int32_t* sendCount;
+  uint8_t* recvBuf;  // symmetric [W][M] messages
+  uint8_t* sendBuf;  // symmetric [W][M] messages (InterNode)
+  uint64_t* sig;     // symmetric [W]: the dispatch signal from each source
+  uint64_t round;
+  Control* ctl;
+  bool direct;       // IntraNode: store into the peers' slots
+};
+
+// Each block takes tokens and writes one message per destination PE of the token.
+MORI_GLOBAL void DispatchSendKernel(DispatchArgs a) {
+  if (a.ctl->error != kNoError) return;
+  for (int t = static_cast<int>(core::FlatBlockIdx()); t < a.numTokens; t += static_cast<int>(core::FlatGridDim())) {
+    for (int d = 0; d < a.world; ++d) {
+      const int j = a.slotOf[static_cast<size_t>(t) * a.world + d];
+      if (j < 0) continue;
+      uint8_t* msg;
+      if (a.direct) {
+        msg = static_cast<uint8_t*>(shmem::ShmemPtr(
+            a.recvBuf + (static_cast<size_t>(a.rank) * a.maxTokens + j) * a.lay.msgBytes, d));
+      } else {
+        msg = a.sendBuf + (static_cast<size_t>(d) * a.maxTokens + j) * a.lay.msgBytes;
+      }
+      if (core::FlatThreadIdx() == 0) *reinterpret_cast<int32_t*>(msg) = t;
+      BlockCopy(msg + 16, a.input + static_cast<size_t>(t) * a.lay.tokenBytes, a.lay.tokenBytes);
+      if (a.scaleDim > 0) {
+        BlockCopy(msg + a.lay.scaleOff, a.scales + static_cast<size_t>(t) * a.scaleDim, a.scaleDim * sizeof(float));
+      }
+      BlockCopy(msg + a.lay.indexOff, a.indices + static_cast<size_t>(t) * a.topk, a.topk * sizeof(int32_t));
+      BlockCopy(msg + a.lay.weightOff, a.weights + static_cast<size_t>(t) * a.topk, a.topk * sizeof(float));
+    }
+  }
+}
+
+// Signals of one direction. IntraNode (direct): one block, thread d signals PE d after a system fence (the
+// stores of the previous kernel are complete when it ends). InterNode: block d puts its batch of `count`
+// messages from the staging buffer to PE d with the signal, then quiets (the staging buffer is rewritten by
+// the next round). `counts` [W]: messages for each PE; `aborted`: signal kAborted instead.
+struct SignalArgs {
+  const int32_t* counts;
+  uint8_t* remoteBase;    // symmetric: this PE's slots on the target, [rank][0]
+  const uint8_t* staged;  // local staging, [d][0] at staged + d * stride
+  size_t stride, itemBytes;
+  uint64_t* sig;          // symmetric: the signal word for this PE on the target
+  uint64_t round;
+  int world;
+  bool direct;
+  const Control* ctl;
+};
+
+MORI_GLOBAL void SignalKernel(SignalArgs a) {
+  const bool aborted = a.ctl->error != kNoError || a.ctl->aborted != 0;
+  if (a.direct) {
+    const int d = static_cast<int>(core::FlatThreadIdx());
+    if (d < a.world) {
+      const uint32_t count = aborted ? kAborted : static_cast<uint32_t>(a.counts[d]);
+      shmem::ShmemQuietThread();
+      shmem::ShmemSignalOpThread(a.sig, (a.round << 32) | count, SignalOp::Set, d);
+    }
+    return;
+  }
+  const int d = static_cast<int>(core::FlatBlockIdx());
+  const uint32_t count = aborted ? kAborted : static_cast<uint32_t>(a.counts[d]);
+  const uint64_t value = (a.round << 32) | count;
+  if (count == 0 || count == kAborted) {
+    if (core::FlatThreadIdx() == 0) shmem::ShmemSignalOpThread(a.sig, value, SignalOp::Set, d);
+  } else {
+    shmem::ShmemPutMemNbiSignalBlock(a.remoteBase, a.staged + static_cast<size_t>(d) * a.stride,
+                                     count * a.itemBytes, a.sig, value, SignalOp::Set, d);
+  }
+  if (core::FlatThreadIdx() == 0) shmem::ShmemQuietThread();
+}
+
+// One block: thread s waits for source s's signal of this round and keeps its count; thread 0 then makes
+// the offsets. `total` (may be null) gets the sum, or -1 when the round was aborted.
+MORI_GLOBAL void ReceiveKernel(uint64_t* sig, uint64_t round, int world, int32_t* counts, int32_t* offsets,
+                               int32_t* total, int32_t* expertCounts, int experts, Control* ctl) {
+  const int tid = static_cast<int>(core::FlatThreadIdx());
+  for (int e = tid; e < experts; e += static_cast<int>(core::FlatBlockDim())) expertCounts[e] = 0;
+  if (tid < world) {
+    const uint64_t v = shmem::ShmemSignalWaitUntil(sig + tid, CmpOp::GE, round << 32);
+    const auto count = static_cast<uint32_t>(v);
+    if ((v >> 32) != round) {
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->staleRound,
+                                                                          static_cast<uint32_t>(v >> 32));
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->staleFrom, int32_t(tid));
+      counts[tid] = 0;
+    } else if (count == kAborted) {
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->abortedBy, int32_t(tid));
+      counts[tid] = 0;
+    } else {
+      counts[tid] = static_cast<int32_t>(count);
+    }
+  }
+  core::SyncThreads();
+  if (tid == 0) {
+    int32_t sum = 0;
+    for (int s = 0; s < world; ++s) {
+      offsets[s] = sum;
+      sum += counts[s];
+    }
+    const bool aborted = ctl->error != kNoError || ctl->abortedBy >= 0 || ctl->staleFrom >= 0;
+    if (aborted) {
+      ctl->aborted = 1;
+      if (ctl->error == kNoError) ctl->error = ctl->staleFrom >= 0 ? kStaleSignal : kAbortedElsewhere;
+    }
+    if (total != nullptr) *total = aborted ? -1 : sum;
+  }
+}
+
+struct UnpackArgs {
+  const uint8_t* recvBuf;
+  const int32_t* offsets;
+  const int32_t* total;
+  int world, rank, maxTokens, topk, scaleDim, expertsPerRank;
+  Layout lay;
+  uint8_t* tokens;
+  float* weights;
+  int32_t* indices;
+  float* scales;
+  int32_t* srcTokenPos;
+  int32_t* expertCounts;
+  const Control* ctl;
+};
+
+MORI_GLOBAL void UnpackKernel(UnpackArgs a) {
+  if (a.ctl->aborted != 0) return;
+  const int total = *a.total;
+  for (int i = static_cast<int>(core::FlatBlockIdx()); i < total; i += static_cast<int>(core::FlatGridDim())) {
+    int s, j;
+    SourceOf(a.offsets, a.world, i, &s, &j);
+    const uint8_t* msg = a.recvBuf + (static_cast<size_t>(s) * a.maxTokens + j) * a.lay.msgBytes;
+    BlockCopy(a.tokens + static_cast<size_t>(i) * a.lay.tokenBytes, msg + 16, a.lay.tokenBytes);
+    if (a.scaleDim > 0) {
+      BlockCopy(a.scales + static_cast<size_t>(i) * a.scaleDim, msg + a.lay.scaleOff, a.scaleDim * sizeof(float));
+    }
+    BlockCopy(a.indices + static_cast<size_t>(i) * a.topk, msg + a.lay.indexOff, a.topk * sizeof(int32_t));
+    BlockCopy(a.weights + static_cast<size_t>(i) * a.topk, msg + a.lay.weightOff, a.topk * sizeof(float));
+    if (core::FlatThreadIdx() == 0) {
+      a.srcTokenPos[i] = s * a.maxTokens + *reinterpret_cast<const int32_t*>(msg);
+      const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
+      for (int k = 0; k < a.topk; ++k) {
+        if (idx[k] / a.expertsPerRank == a.rank) {
+          core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(
+              &a.expertCounts[idx[k] % a.expertsPerRank], int32_t(1));
+        }
+      }
+    }
+  }
+}
+
+struct CombineArgs {
+  const uint8_t* expertOutput;
+  const int32_t* offsets;
+  const int32_t* recvCounts;
+  const int32_t* total;
+  int world, rank, maxTokens;
+  Layout lay;
+  uint8_t* combRecv;  // symmetric [W][M] rows
+  uint8_t* combSend;  // local staging [W * M] rows (InterNode), in received order
+  bool direct;
+  const Control* ctl;
+};
+
+// Row i goes back to its source s, slot j: straight into s's combine buffer at [rank][j], or staged at i
+// (rows of one source are then contiguous: offsets[s] + j).
+MORI_GLOBAL void CombineSendKernel(CombineArgs a) {
+  if (a.ctl->aborted != 0) return;
+  const int total = *a.total;
+  for (int i = static_cast<int>(core::FlatBlockIdx()); i < total; i += static_cast<int>(core::FlatGridDim())) {
+    uint8_t* dst;
+    if (a.direct) {
+      int s, j;
+      SourceOf(a.offsets, a.world, i, &s, &j);
+      dst = static_cast<uint8_t*>(shmem::ShmemPtr(
+          a.combRecv + (static_cast<size_t>(a.rank) * a.maxTokens + j) * a.lay.rowBytes, s));
+    } else {
+      dst = a.combSend + static_cast<size_t>(i) * a.lay.rowBytes;
+    }
+    BlockCopy(dst, a.expertOutput + static_cast<size_t>(i) * a.lay.rowDataBytes, a.lay.rowDataBytes);
+  }
+}
+
+// For InterNode the signal kernel needs [d][0] of the staging at staged + d * stride, but the rows of source
+// s start at offsets[s]: this kernel is the InterNode signal for combine, reading the offsets itself.
+MORI_GLOBAL void CombineBatchKernel(SignalArgs a, const int32_t* offsets) {
+  const bool aborted = a.ctl->aborted != 0;
+  const int s = static_cast<int>(core::FlatBlockIdx());
+  const uint32_t count = aborted ? kAborted : static_cast<uint32_t>(a.counts[s]);
+  const uint64_t value = (a.round << 32) | count;
+  if (count == 0 || count == kAborted) {
+    if (core::FlatThreadIdx() == 0) shmem::ShmemSignalOpThread(a.sig, value, SignalOp::Set, s);
+  } else {
+    shmem::ShmemPutMemNbiSignalBlock(a.remoteBase, a.staged + static_cast<size_t>(offsets[s]) * a.itemBytes,
+                                     count * a.itemBytes, a.sig, value, SignalOp::Set, s);
+  }
+  if (core::FlatThreadIdx() == 0) shmem::ShmemQuietThread();
+}
+
+struct ReduceArgs {
+  const uint8_t* combRecv;
+  const int32_t* slotOf;
+  const float* weightSum;
+  int numTokens, world, maxTokens, hidden;
+  Layout lay;
+  uint8_t* output;
+  const Control* ctl;
+};
+
+template <DataType T>
+MORI_GLOBAL void ReduceKernel(ReduceArgs a) {
+  if (a.ctl->aborted != 0) return;
+  using E = Elem<T>;
+  using S = typename E::Storage;
+  for (int t = static_cast<int>(core::FlatBlockIdx()); t < a.numTokens; t += static_cast<int>(core::FlatGridDim())) {
+    auto* out = reinterpret_cast<S*>(a.output + static_cast<size_t>(t) * a.lay.rowDataBytes);
+    for (int h = static_cast<int>(core::FlatThreadIdx()); h < a.hidden; h += static_cast<int>(core::FlatBlockDim())) {
+      float acc = 0.0f;
+      for (int d = 0; d < a.world; ++d) {
+        const int j = a.slotOf[static_cast<size_t>(t) * a.world + d];
+        if (j < 0) continue;
+        const auto* row = reinterpret_cast<const S*>(
+            a.combRecv + (static_cast<size_t>(d) * a.maxTokens + j) * a.lay.rowBytes);
+        acc += a.weightSum[static_cast<size_t>(t) * a.world + d] * E::Load(row, h);
+      }
+      E::Store(out, h, acc);
+    }
+  }
+}
+
+void CheckLaunch(const char* what) {
+  core::GpuStatus rc = core::GpuGetLastError();
+  MORI_CHECK(rc == core::kGpuSuccess, ErrorCode::Gpu, "launching the %s kernel failed: %s", what,
+             core::GpuGetErrorString(rc));
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+}  // namespace
+
+struct EpDispatchCombineHandle::Impl {
+  EpDispatchCombineConfig cfg;
+  Layout lay{};
+  DataType combineType = DataType::BFloat16;
+  unsigned blocks = 0, threads = 0, routeThreads = 0;
+  // Symmetric.
+  uint8_t* recvBuf = nullptr;
+  uint8_t* sendBuf = nullptr;
+  uint8_t* combRecv = nullptr;
+  uint64_t* sigs = nullptr;  // [2W]: dispatch, combine
+  // Local.
+  uint8_t* combSend = nullptr;  // InterNode: rows staged for the NIC or proxy, which read only the heap
+  // Local.
+  core::GpuBuffer slotOf, weightSum, counts, tokens, weights, indices, scales, srcTokenPos, expertCounts, ctl;
+  uint64_t round = 0;
+  int numTokens = 0;
+  bool dispatched = false;
+
+  int32_t* Counts(int which) const { return counts.DataAs<int32_t>() + which * cfg.worldSize; }
+  // counts: [0] send, [1] receive, [2] offsets, [3] [4] scratch of the combine wait, then the total
+  int32_t* Total() const { return counts.DataAs<int32_t>() + 5 * cfg.worldSize; }
+  Control* Ctl() const { return ctl.DataAs<Control>(); }
+};
+
+namespace {
+
+void ValidateConfig(const EpDispatchCombineConfig& c) {
+  MORI_CHECK(shmem::ShmemIsInitialized(), ErrorCode::InvalidUsage,
+             "EpDispatchCombineHandle needs the SHMEM runtime: call ShmemInit() first");
+  MORI_CHECK(c.worldSize == shmem::ShmemNPes() && c.rank == shmem::ShmemMyPe(), ErrorCode::InvalidUsage,
+             "config says rank %d of %d, the SHMEM runtime says PE %d of %d", c.rank, c.worldSize,
+             shmem::ShmemMyPe(), shmem::ShmemNPes());
+  MORI_CHECK(c.worldSize <= kMaxWorld, ErrorCode::NotSupported, "worldSize %d: at most %d PEs", c.worldSize,
+             kMaxWorld);
+  MORI_CHECK(c.hiddenDim > 0 && c.maxTokensPerRank > 0 && c.numExpertsPerRank > 0, ErrorCode::InvalidUsage,
+             "hiddenDim %d, maxTokensPerRank %d and numExpertsPerRank %d must be positive", c.hiddenDim,
+             c.maxTokensPerRank, c.numExpertsPerRank);
+  MORI_CHECK(c.topk >= 1 && c.topk <= kMaxTopk, ErrorCode::InvalidUsage, "topk %d outside [1, %d]", c.topk,
+             kMaxTopk);
+  MORI_CHECK(c.scaleDim >= 0, ErrorCode::InvalidUsage, "scaleDim %d is negative", c.scaleDim);
+  MORI_CHECK(DataTypeBytes(c.dtype) != 0, ErrorCode::InvalidUsage, "dtype %d is not a DataType",
+             static_cast<int>(c.dtype));
+  MORI_CHECK(c.blocks >= 0 && c.warpsPerBlock >= 0, ErrorCode::InvalidUsage,
+             "blocks %d and warpsPerBlock %d must not be negative", c.blocks, c.warpsPerBlock);
+  MORI_CHECK(c.kernel == EpKernelType::IntraNode || c.kernel == EpKernelType::InterNode, ErrorCode::NotSupported,
+             "kernel type %s is not implemented yet (IntraNode and InterNode are)", EpKernelTypeName(c.kernel));
+  MORI_CHECK(static_cast<size_t>(c.maxTokensPerRank) * c.worldSize < (size_t(1) << 31), ErrorCode::InvalidUsage,
+             "maxTokensPerRank %d x worldSize %d rows do not fit in int32", c.maxTokensPerRank, c.worldSize);
+}
+
+}  // namespace
+
+EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& config)
+    : config_(config), impl_(std::make_unique<Impl>()) {
+  ValidateConfig(config);
+  Impl& m = *impl_;
+  m.cfg = config;
+  const size_t W = config.worldSize, M = config.maxTokensPerRank, H = config.hiddenDim, K = config.topk,
+               S = config.scaleDim;
+  m.combineType = config.dtype == DataType::Fp8E4M3 ? DataType::BFloat16 : config.dtype;
+  Layout& l = m.lay;
+  l.tokenBytes = H * DataTypeBytes(config.dtype);
+  l.scaleOff = 16 + Align16(l.tokenBytes);
+  l.indexOff = l.scaleOff + Align16(S * sizeof(float));
+  l.weightOff = l.indexOff + Align16(K * sizeof(int32_t));
+  l.msgBytes = l.weightOff + Align16(K * sizeof(float));
+  l.rowDataBytes = H * DataTypeBytes(m.combineType);
+  l.rowBytes = Align16(l.rowDataBytes);
+
+  if (config.kernel == EpKernelType::IntraNode) {
+    for (int pe = 0; pe < config.worldSize; ++pe) {
+      MORI_CHECK(shmem::ShmemPtr(shmem::ShmemHeapBase(), pe) != nullptr || pe == config.rank,
+                 ErrorCode::NotSupported,
+                 "IntraNode stores straight into every PE's buffers, but PE %d is reached over %s, not P2P: use "
+                 "EpKernelType::InterNode",
+                 pe, shmem::TransportTypeName(shmem::ShmemTransportType(pe)));
+    }
+  }
+#if MORI_BACKEND_HOST
+  m.blocks = config.blocks > 0 ? config.blocks : 2;
+  m.threads = config.warpsPerBlock > 0 ? config.warpsPerBlock * MORI_WARP_SIZE : 8;
+#else
+  m.blocks = config.blocks > 0 ? config.blocks : 64;
+  m.threads = config.warpsPerBlock > 0 ? config.warpsPerBlock * MORI_WARP_SIZE : 256;
+#endif
+  m.routeThreads = std::max<unsigned>(m.threads, static_cast<unsigned>(W));
+
+  // Symmetric buffers: every PE allocates the same sizes in the same order (the constructor is collective).
+  auto alloc = [&](size_t bytes, const char* what) {
+    void* p = shmem::ShmemMalloc(bytes);
+    MORI_CHECK(p != nullptr, ErrorCode::InvalidUsage,
+               "EpDispatchCombineHandle: %zu bytes for the %s do not fit in the symmetric heap (%zu bytes; set "
+               "MORI_SHMEM_HEAP_SIZE)",
+               bytes, what, shmem::ShmemHeapBytes());
+    return static_cast<uint8_t*>(p);
+  };
+  const bool staged = config.kernel == EpKernelType::InterNode;
+  try {
+    m.recvBuf = alloc(W * M * l.msgBytes, "dispatch receive buffer");
+    if (staged) m.sendBuf = alloc(W * M * l.msgBytes, "dispatch send buffer");
+    m.combRecv = alloc(W * M * l.rowBytes, "combine receive buffer");
+    if (staged) m.combSend = alloc(W * M * l.rowBytes, "combine send buffer");
+    m.sigs = reinterpret_cast<uint64_t*>(shmem::ShmemCalloc(2 * W, sizeof(uint64_t)));
+    MORI_CHECK(m.sigs != nullptr, ErrorCode::InvalidUsage, "EpDispatchCombineHandle: no heap for the signals");
+  } catch (...) {
+    for (void* p : {static_cast<void*>(m.sigs), static_cast<void*>(m.combSend), static_cast<void*>(m.combRecv),
+                    static_cast<void*>(m.sendBuf), static_cast<void*>(m.recvBuf)}) {
+      if (p != nullptr) shmem::ShmemFree(p);
+    }
+    throw;
+  }
+  m.slotOf = core::GpuBuffer(M * W * sizeof(int32_t));
+  m.weightSum = core::GpuBuffer(M * W * sizeof(float));
+  m.counts = core::GpuBuffer((5 * W + 1) * sizeof(int32_t));
+  m.tokens = core::GpuBuffer(std::max<size_t>(W * M * l.tokenBytes, 16));
+  m.weights = core::GpuBuffer(W * M * K * sizeof(float));
+  m.indices = core::GpuBuffer(W * M * K * sizeof(int32_t));
+  if (S > 0) m.scales = core::GpuBuffer(W * M * S * sizeof(float));
+  m.srcTokenPos = core::GpuBuffer(W * M * sizeof(int32_t));
+  m.expertCounts = core::GpuBuffer(config.numExpertsPerRank * sizeof(int32_t));
+  m.ctl = core::GpuBuffer(sizeof(Control));
+  MORI_CHECK_GPU(core::GpuMemset(m.ctl.Data(), 0, sizeof(Control)));
+  MORI_CHECK_GPU(core::GpuMemset(m.counts.Data(), 0, m.counts.Bytes()));
+  core::PreloadKernels(RouteKernel, DispatchSendKernel, SignalKernel, ReceiveKernel, UnpackKernel, CombineSendKernel,
+                       CombineBatchKernel, ReduceKernel<DataType::Float32>, ReduceKernel<DataType::BFloat16>,
+                       ReduceKernel<DataType::Float16>);
+  shmem::ShmemBarrierAll();
+}
+
+EpDispatchCombineHandle::~EpDispatchCombineHandle() {
+  if (!impl_ || !shmem::ShmemIsInitialized()) return;
+  Impl& m = *impl_;
+  (void)core::GpuDeviceSynchronize();
+  shmem::ShmemBarrierAll();  // no peer writes into these buffers any more
+  shmem::ShmemFree(m.sigs);
+  if (m.combSend != nullptr) shmem::ShmemFree(m.combSend);
+  shmem::ShmemFree(m.combRecv);
+  if (m.sendBuf != nullptr) shmem::ShmemFree(m.sendBuf);
+  shmem::ShmemFree(m.recvBuf);
+}
+
+DataType EpDispatchCombineHandle::CombineDataType() const { return impl_->combineType; }
+
+EpDispatchResult EpDispatchCombineHandle::Dispatch(const void* input, DataType dtype, const int32_t* indices,
+                                                   const float* weights, const float* scales, int numTokens,
+                                                   GpuStream stream) {
+  MORI_CHECK(dtype == config_.dtype, ErrorCode::InvalidUsage,
+             "Dispatch: the tokens are %s, this handle was built for %s", DataTypeName(dtype),
+             DataTypeName(config_.dtype));
+  return Dispatch(input, indices, weights, scales, numTokens, stream);
+}
+
+EpDispatchResult EpDispatchCombineHandle::Dispatch(const void* input, const int32_t* indices, const float* weights,
+                                                   const float* scales, int numTokens, GpuStream stream) {
+  Impl& m = *impl_;
+  const EpDispatchCombineConfig& c = config_;
+  MORI_CHECK(shmem::ShmemIsInitialized(), ErrorCode::InvalidUsage, "Dispatch after ShmemFinalize()");
+  MORI_CHECK(!m.dispatched, ErrorCode::InvalidUsage,
+             "Dispatch twice without a Combine between: peers may still read this round's buffers");
+  MORI_CHECK(numTokens >= 0 && numTokens <= c.maxTokensPerRank, ErrorCode::InvalidUsage,
+             "Dispatch: %d tokens, the handle takes 0..%d (maxTokensPerRank)", numTokens, c.maxTokensPerRank);
+  if (numTokens > 0) {
+    MORI_CHECK(input != nullptr && indices != nullptr && weights != nullptr, ErrorCode::InvalidUsage,
+               "Dispatch: input %p, indices %p and weights %p must not be null", input,
+               static_cast<const void*>(indices), static_cast<const void*>(weights));
+    MORI_CHECK(Aligned16(input) && Aligned16(indices) && Aligned16(weights), ErrorCode::InvalidUsage,
+               "Dispatch: input %p, indices %p and weights %p must be 16-byte aligned", input,
+               static_cast<const void*>(indices), static_cast<const void*>(weights));
+    MORI_CHECK(c.scaleDim == 0 || (scales != nullptr && Aligned16(scales)), ErrorCode::InvalidUsage,
+               "Dispatch: the handle carries %d scales per token but scales is %p (null or not 16-byte aligned)",
+               c.scaleDim, static_cast<const void*>(scales));
+  }
+  ++m.round;
+  m.numTokens = numTokens;
+  const int W = c.worldSize;
+  const bool direct = c.kernel == EpKernelType::IntraNode;
+
+  RouteArgs ra{indices, weights, numTokens, c.topk, c.numExpertsPerRank, W, m.slotOf.DataAs<int32_t>(),
+               m.weightSum.DataAs<float>(), m.Counts(0), m.Ctl()};
+  core::LaunchKernel(RouteKernel, Dim3(1), Dim3(m.routeThreads), m.routeThreads * sizeof(uint64_t), stream, ra);
+  CheckLaunch("dispatch route");
+
+  DispatchArgs da{static_cast<const uint8_t*>(input), indices, weights, scales, numTokens, c.topk, c.scaleDim, W,
+                  c.rank, c.maxTokensPerRank, m.lay, m.slotOf.DataAs<int32_t>(), m.Counts(0), m.recvBuf,
+                  m.sendBuf, m.sigs, m.round, m.Ctl(), direct};
+  if (numTokens > 0) {
+    core::LaunchKernel(DispatchSendKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, da);
+    CheckLaunch("dispatch send");
+  }
+  const size_t slotsPerPe = static_cast<size_t>(c.maxTokensPerRank) * m.lay.msgBytes;
+  SignalArgs sa{m.Counts(0), m.recvBuf + c.rank * slotsPerPe, m.sendBuf, slotsPerPe, m.lay.msgBytes,
+                m.sigs + c.rank, m.round, W, direct, m.Ctl()};
+  core::LaunchKernel(SignalKernel, Dim3(direct ? 1 : W), Dim3(direct ? std::max<unsigned>(W, 1) : m.threads), 0,
+                     stream, sa);
+  CheckLaunch("dispatch signal");
+  core::LaunchKernel(ReceiveKernel, Dim3(1), Dim3(m.routeThreads), 0, stream, m.sigs, m.round, W, m.Counts(1),
+                     m.Counts(2), m.Total(), m.expertCounts.DataAs<int32_t>(), c.numExpertsPerRank, m.Ctl());
+  CheckLaunch("dispatch receive");
+  UnpackArgs ua{m.recvBuf, m.Counts(2), m.Total(), W, c.rank, c.maxTokensPerRank, c.topk, c.scaleDim,
+                c.numExpertsPerRank, m.lay, m.tokens.DataAs<uint8_t>(), m.weights.DataAs<float>(),
+                m.indices.DataAs<int32_t>(), c.scaleDim > 0 ? m.scales.DataAs<float>() : nullptr,
+                m.srcTokenPos.DataAs<int32_t>(), m.expertCounts.DataAs<int32_t>(), m.Ctl()};
+  core::LaunchKernel(UnpackKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, ua);
+  CheckLaunch("dispatch unpack");
+  m.dispatched = true;
+  return EpDispatchResult{m.tokens.Data(),
+                          m.weights.DataAs<float>(),
+                          m.indices.DataAs<int32_t>(),
+                          c.scaleDim > 0 ? m.scales.DataAs<float>() : nullptr,
+                          m.Total(),
+                          m.srcTokenPos.DataAs<int32_t>(),
+                          m.expertCounts.DataAs<int32_t>()};
+}
+
+void EpDispatchCombineHandle::Combine(const void* expertOutput, void* output, GpuStream stream) {
+  Impl& m = *impl_;
+  const EpDispatchCombineConfig& c = config_;
+  MORI_CHECK(shmem::ShmemIsInitialized(), ErrorCode::InvalidUsage, "Combine after ShmemFinalize()");
+  MORI_CHECK(m.dispatched, ErrorCode::InvalidUsage, "Combine without a Dispatch before it");
+  MORI_CHECK(expertOutput != nullptr && Aligned16(expertOutput), ErrorCode::InvalidUsage,
+             "Combine: expertOutput %p is null or not 16-byte aligned", expertOutput);
+  MORI_CHECK(m.numTokens == 0 || (output != nullptr && Aligned16(output)), ErrorCode::InvalidUsage,
+             "Combine: output %p is null or not 16-byte aligned", output);
+  m.dispatched = false;
+  const int W = c.worldSize;
+  const bool direct = c.kernel == EpKernelType::IntraNode;
+  CombineArgs ca{static_cast<const uint8_t*>(expertOutput), m.Counts(2), m.Counts(1), m.Total(), W, c.rank,
+                 c.maxTokensPerRank, m.lay, m.combRecv, m.combSend, direct,
+                 m.Ctl()};
+  core::LaunchKernel(CombineSendKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, ca);
+  CheckLaunch("combine send");
+  const size_t rowsPerPe = static_cast<size_t>(c.maxTokensPerRank) * m.lay.rowBytes;
+  SignalArgs sa{m.Counts(1), m.combRecv + c.rank * rowsPerPe, m.combSend,
+                rowsPerPe, m.lay.rowBytes, m.sigs + W + c.rank, m.round, W, direct, m.Ctl()};
+  if (direct) {
+    core::LaunchKernel(SignalKernel, Dim3(1), Dim3(std::max<unsigned>(W, 1)), 0, stream, sa);
+  } else {
+    core::LaunchKernel(CombineBatchKernel, Dim3(W), Dim3(m.threads), 0, stream, sa,
+                       static_cast<const int32_t*>(m.Counts(2)));
+  }
+  CheckLaunch("combine signal");
+  // Waits for every PE's rows; its counts and offsets go to scratch so that the dispatch result stays intact.
+  core::LaunchKernel(ReceiveKernel, Dim3(1), Dim3(m.routeThreads), 0, stream, m.sigs + W, m.round, W, m.Counts(3),
+                     m.Counts(4), static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), 0, m.Ctl());
+  CheckLaunch("combine wait");
+  ReduceArgs ra{m.combRecv, m.slotOf.DataAs<int32_t>(), m.weightSum.DataAs<float>(), m.numTokens, W,
+                c.maxTokensPerRank, c.hiddenDim, m.lay, static_cast<uint8_t*>(output), m.Ctl()};
+  auto reduce = m.combineType == DataType::Float32    ? ReduceKernel<DataType::Float32>
+                : m.combineType == DataType::BFloat16 ? ReduceKernel<DataType::BFloat16>
+                                                      : ReduceKernel<DataType::Float16>;
+  core::LaunchKernel(reduce, Dim3(m.blocks), Dim3(m.threads), 0, stream, ra);
+  CheckLaunch("combine reduce");
+}
+
+int EpDispatchCombineHandle::Status(GpuStream stream, std::string* message) {
+  MORI_CHECK_GPU(core::GpuStreamSynchronize(stream));
+  Control c{};
+  MORI_CHECK_GPU(core::GpuMemcpy(&c, impl_->ctl.Data(), sizeof(c)));
+  std::string text;
+  switch (c.error) {
+    case kNoError: break;
+    case kBadExpert:
+      text = core::StrFormat("PE %d: token %d, top-k slot %d names expert %d, outside [0, %d): the round was "
+                             "skipped on every PE",
+                             config_.rank, c.token, c.slot, c.value, config_.numExpertsPerRank * config_.worldSize);
+      break;
+    case kAbortedElsewhere:
+      text = core::StrFormat("PE %d: PE %d found bad input and aborted the round; nothing was sent", config_.rank,
+                             c.abortedBy);
+      break;
+    case kStaleSignal:
+      text = core::StrFormat("PE %d: the signal from PE %d carried round %u, this PE is in round %llu (the PEs "
+                             "did not make the same Dispatch and Combine calls)",
+                             config_.rank, c.staleFrom, c.staleRound, static_cast<unsigned long long>(impl_->round));
+      break;
+    default: text = core::StrFormat("PE %d: unknown error %d", config_.rank, c.error);
+  }
+  if (message != nullptr) *message = text;
+  return c.error;
+}
+
+}  // namespace mori::ep
