@@ -156,12 +156,18 @@ if [ "${ONLY:-}" = shmem ]; then
   exit $rc
 fi
 # ONLY=ep: the MoE dispatch/combine suite with 2 PEs under each transport of SHMEM_TRANSPORTS (default: p2p rdma
-# proxy), gtest filter EP_FILTER.
+# proxy), gtest filter EP_FILTER; EP_BENCH=1 adds ep_bench.
 if [ "${ONLY:-}" = ep ]; then
   for tr in ${SHMEM_TRANSPORTS:-p2p rdma proxy}; do
     run mpi_ep_$tr "${mpirun_[@]}" -np 2 -x MORI_SHMEM_TRANSPORT=$tr -x MORI_SHMEM_HEAP_SIZE=256m \
       -x MORI_TIMEOUT_S=60 ./tests/mori_ep_mpi_tests ${EP_FILTER:-}
   done
+  # EP_BENCH=1: ep_bench with the DeepSeek-V3 shape (4096 tokens) and with 128 tokens, 2 PEs.
+  if [ -n "${EP_BENCH:-}" ]; then
+    run ep_bench "${mpirun_[@]}" -np 2 -x MORI_SHMEM_HEAP_SIZE=2g -x MORI_TIMEOUT_S=60 ./bench/ep_bench ${EP_BENCH_ARGS:-}
+    run ep_bench_128 "${mpirun_[@]}" -np 2 -x MORI_SHMEM_HEAP_SIZE=2g -x MORI_TIMEOUT_S=60 ./bench/ep_bench \
+      --tokens 128 ${EP_BENCH_ARGS:-}
+  fi
   cat "$out/summary.txt"
   report_failures
   exit $rc
