@@ -18,6 +18,7 @@
 #include "mori/core/format.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/logging.hpp"
+#include "mori/ep/dispatch_combine.hpp"
 #include "mori/shmem/shmem_api.hpp"
 
 namespace py = pybind11;
@@ -321,6 +322,84 @@ py::object ToDlpack(uintptr_t address, std::vector<int64_t> shape, std::vector<i
   return py::reinterpret_steal<py::object>(capsule);
 }
 
+// ---- mori.ep: one EpDispatchCombineHandle per object; mori/ep.py checks the tensors and wraps the results ----
+
+template <typename F>
+auto EpCall(const char* op, F&& call) {
+  try {
+    py::gil_scoped_release unlocked;  // construction, Status and destruction wait for every PE
+    return call();
+  } catch (const core::Error& e) {
+    throw MoriError(std::string(op) + ": " + e.what());
+  }
+}
+
+class EpHandle {
+ public:
+  EpHandle(int hiddenDim, int maxTokensPerRank, int numExpertsPerRank, int topk, int dtype, int scaleDim,
+           int kernel, int blocks, int warpsPerBlock) {
+    RequireInit("mori.ep.EpDispatchCombineOp");
+    ep::EpDispatchCombineConfig c;
+    c.rank = shmem::ShmemMyPe();
+    c.worldSize = shmem::ShmemNPes();
+    c.hiddenDim = hiddenDim;
+    c.maxTokensPerRank = maxTokensPerRank;
+    c.numExpertsPerRank = numExpertsPerRank;
+    c.topk = topk;
+    c.dtype = static_cast<ep::DataType>(dtype);
+    c.scaleDim = scaleDim;
+    c.kernel = static_cast<ep::EpKernelType>(kernel);
+    c.blocks = blocks;
+    c.warpsPerBlock = warpsPerBlock;
+    handle_ = EpCall("mori.ep.EpDispatchCombineOp", [&] { return std::make_unique<ep::EpDispatchCombineHandle>(c); });
+  }
+
+  ep::EpDispatchCombineHandle& Get(const char* op) {
+    if (!handle_) throw MoriError(std::string(op) + ": the op was closed");
+    if (!shmem::ShmemIsInitialized()) throw MoriError(std::string(op) + ": called after mori.shmem.finalize()");
+    return *handle_;
+  }
+
+  // (tokens, weights, indices, scales, total, srcTokenPos, expertCounts) as addresses (0 for no scales).
+  std::vector<uintptr_t> Dispatch(uintptr_t input, uintptr_t indices, uintptr_t weights, uintptr_t scales,
+                                  int numTokens, uintptr_t stream) {
+    auto& h = Get("mori.ep.dispatch");
+    ep::EpDispatchResult r = EpCall("mori.ep.dispatch", [&] {
+      return h.Dispatch(reinterpret_cast<const void*>(input), reinterpret_cast<const int32_t*>(indices),
+                        reinterpret_cast<const float*>(weights), reinterpret_cast<const float*>(scales), numTokens,
+                        reinterpret_cast<core::GpuStream>(stream));
+    });
+    auto a = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    return {a(r.tokens), a(r.weights), a(r.indices), a(r.scales), a(r.totalRecv), a(r.srcTokenPos), a(r.expertCounts)};
+  }
+
+  void Combine(uintptr_t expertOutput, uintptr_t output, uintptr_t stream) {
+    auto& h = Get("mori.ep.combine");
+    EpCall("mori.ep.combine", [&] {
+      h.Combine(reinterpret_cast<const void*>(expertOutput), reinterpret_cast<void*>(output),
+                reinterpret_cast<core::GpuStream>(stream));
+    });
+  }
+
+  py::tuple Status(uintptr_t stream) {
+    auto& h = Get("mori.ep.status");
+    std::string message;
+    int rc = EpCall("mori.ep.status", [&] { return h.Status(reinterpret_cast<core::GpuStream>(stream), &message); });
+    return py::make_tuple(rc, message);
+  }
+
+  int CombineDtype() { return static_cast<int>(Get("mori.ep.combine_dtype").CombineDataType()); }
+
+  // Collective, like the construction.
+  void Close() {
+    if (handle_ && shmem::ShmemIsInitialized()) EpCall("mori.ep.close", [&] { handle_.reset(); });
+    handle_.reset();
+  }
+
+ private:
+  std::unique_ptr<ep::EpDispatchCombineHandle> handle_;
+};
+
 }  // namespace
 }  // namespace mori::python
 
@@ -393,6 +472,15 @@ PYBIND11_MODULE(_mori, m) {
   }, py::arg("handle"));
   m.def("register_buffer", &RegisterBuffer, py::arg("address"), py::arg("bytes"));
   m.def("unregister_buffer", &UnregisterBuffer, py::arg("address"));
+  py::class_<EpHandle>(m, "EpHandle")
+      .def(py::init<int, int, int, int, int, int, int, int, int>(), py::arg("hidden_dim"),
+           py::arg("max_tokens_per_rank"), py::arg("num_experts_per_rank"), py::arg("topk"), py::arg("dtype"),
+           py::arg("scale_dim"), py::arg("kernel"), py::arg("blocks"), py::arg("warps_per_block"))
+      .def("dispatch", &EpHandle::Dispatch)
+      .def("combine", &EpHandle::Combine)
+      .def("status", &EpHandle::Status)
+      .def("combine_dtype", &EpHandle::CombineDtype)
+      .def("close", &EpHandle::Close);
   m.def("to_dlpack", &ToDlpack, py::arg("address"), py::arg("shape"), py::arg("strides"), py::arg("code"),
         py::arg("bits"));
 }

@@ -1,0 +1,159 @@
+"""mori.ep: MoE expert-parallel dispatch and combine on torch tensors (the C++ op mori::ep under it).
+
+    op = mori.ep.EpDispatchCombineOp(mori.ep.EpDispatchCombineConfig(hidden_dim=7168, max_tokens_per_rank=4096,
+                                     num_experts_per_rank=32, topk=8, dtype=torch.bfloat16))
+    tokens, weights, indices, scales, total_recv = op.dispatch(x, topk_idx, topk_weights)
+    out = op.combine(expert_out)        # expert_out: [rows, hidden] in the received order
+
+Construction is collective (after mori.shmem.init()); every PE then calls dispatch and combine alternately, in
+the same order. The dispatch results are views of the op's buffers, valid until the next dispatch: rows
+[0, total_recv) of `tokens` ([world * max_tokens_per_rank, hidden]), with their top-k `weights` and `indices`
+and `scales` (None without scales); `total_recv` is a one-element int32 tensor on the device (-1 when the
+round was aborted), read without a host synchronisation only when the caller chooses to. `op.src_token_pos`
+and `op.expert_counts` hold each row's source (PE * max_tokens_per_rank + position) and the rows per local
+expert. Errors the host can see raise mori.MoriError at once; an expert id out of range is found by the
+kernels, aborts the round on every PE and is raised by `op.check()` (which waits for the stream).
+"""
+
+from dataclasses import dataclass
+
+from . import _mori
+from ._mori import MoriError
+from . import shmem as _shmem
+
+__all__ = ["EpDispatchCombineConfig", "EpDispatchCombineOp", "KERNEL_INTRA_NODE", "KERNEL_INTER_NODE",
+           "KERNEL_LOW_LATENCY"]
+
+KERNEL_INTRA_NODE, KERNEL_INTER_NODE, KERNEL_LOW_LATENCY = "IntraNode", "InterNode", "LowLatency"
+_KERNELS = {KERNEL_INTRA_NODE: 0, KERNEL_INTER_NODE: 1, KERNEL_LOW_LATENCY: 2}
+
+
+def _dtype_codes():
+    torch = _shmem._torch()
+    codes = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+    if hasattr(torch, "float8_e4m3fn"):
+        codes[torch.float8_e4m3fn] = 3
+    return codes
+
+
+@dataclass
+class EpDispatchCombineConfig:
+    hidden_dim: int
+    max_tokens_per_rank: int
+    num_experts_per_rank: int
+    topk: int
+    dtype: object = None            # torch dtype of the dispatched tokens (default bfloat16)
+    scale_dim: int = 0              # float32 scales per token travelling with it (fp8), 0: none
+    kernel: str = KERNEL_INTRA_NODE  # IntraNode (P2P), InterNode (RDMA, Proxy, any)
+    blocks: int = 0
+    warps_per_block: int = 0
+
+
+class EpDispatchCombineOp:
+    def __init__(self, config):
+        torch = _shmem._torch()
+        self.config = config
+        self.dtype = config.dtype if config.dtype is not None else torch.bfloat16
+        codes = _dtype_codes()
+        if self.dtype not in codes:
+            raise MoriError(f"mori.ep: dtype {self.dtype} is not supported (float32, bfloat16, float16, "
+                            "float8_e4m3fn)")
+        if config.kernel not in _KERNELS:
+            raise MoriError(f"mori.ep: kernel {config.kernel!r} is not one of {sorted(_KERNELS)}")
+        self._h = _mori.EpHandle(config.hidden_dim, config.max_tokens_per_rank, config.num_experts_per_rank,
+                                 config.topk, codes[self.dtype], config.scale_dim, _KERNELS[config.kernel],
+                                 config.blocks, config.warps_per_block)
+        combine_code = self._h.combine_dtype()
+        self.combine_dtype = next(d for d, c in codes.items() if c == combine_code)
+        self._rows = _shmem.n_pes() * config.max_tokens_per_rank
+        self._num_tokens = None
+        self._keep = None
+        self.src_token_pos = None
+        self.expert_counts = None
+
+    def _device(self):
+        torch = _shmem._torch()
+        return torch.device("cpu") if _mori.backend == "HOST" else torch.device("cuda", torch.cuda.current_device())
+
+    def _check(self, t, name, dtype, shape, op):
+        if t.dtype != dtype:
+            raise MoriError(f"{op}: {name} is {t.dtype}, the op needs {dtype}")
+        if tuple(t.shape) != tuple(shape):
+            raise MoriError(f"{op}: {name} has shape {tuple(t.shape)}, the op needs {tuple(shape)}")
+        if not t.is_contiguous():
+            raise MoriError(f"{op}: {name} must be contiguous")
+        if t.device != self._device():
+            raise MoriError(f"{op}: {name} is on {t.device}, the op's tensors are on {self._device()}")
+
+    def _view(self, address, shape, dtype):
+        torch = _shmem._torch()
+        if dtype in (torch.float32, torch.int32, torch.bfloat16, torch.float16):
+            return _shmem._wrap(address, shape, [], dtype)
+        return _shmem._wrap(address, shape, [], torch.uint8).view(dtype)  # fp8 crosses as bytes
+
+    def dispatch(self, x, indices, weights, scales=None, stream=None):
+        """x [n, hidden] of the op's dtype, indices [n, topk] int32 expert ids, weights [n, topk] float32, scales
+        [n, scale_dim] float32 or None. Returns (tokens, weights, indices, scales, total_recv)."""
+        torch = _shmem._torch()
+        op, c = "mori.ep.dispatch", self.config
+        n = x.shape[0] if x.dim() >= 1 else -1
+        self._check(x, "x", self.dtype, (n, c.hidden_dim), op)
+        self._check(indices, "indices", torch.int32, (n, c.topk), op)
+        self._check(weights, "weights", torch.float32, (n, c.topk), op)
+        if c.scale_dim > 0:
+            if scales is None:
+                raise MoriError(f"{op}: the op carries {c.scale_dim} scales per token; pass scales")
+            self._check(scales, "scales", torch.float32, (n, c.scale_dim), op)
+        elif scales is not None:
+            raise MoriError(f"{op}: scales given, but the op was built with scale_dim 0")
+        addr = self._h.dispatch(x.data_ptr(), indices.data_ptr(), weights.data_ptr(),
+                                scales.data_ptr() if scales is not None else 0, n,
+                                _shmem._stream_handle(stream, op))
+        self._num_tokens = n
+        self._settle((x, indices, weights, scales))
+        rows, k = self._rows, c.topk
+        tokens = self._view(addr[0], (rows, c.hidden_dim), self.dtype)
+        w = self._view(addr[1], (rows, k), torch.float32)
+        idx = self._view(addr[2], (rows, k), torch.int32)
+        s = self._view(addr[3], (rows, c.scale_dim), torch.float32) if c.scale_dim > 0 else None
+        total = self._view(addr[4], (1,), torch.int32)
+        self.src_token_pos = self._view(addr[5], (rows,), torch.int32)
+        self.expert_counts = self._view(addr[6], (c.num_experts_per_rank,), torch.int32)
+        return tokens, w, idx, s, total
+
+    def combine(self, expert_out, stream=None, out=None):
+        """expert_out [rows >= total_recv, hidden] of combine_dtype in the received order -> [n, hidden]: per
+        token, the sum over the PEs it went to of (its weights for that PE's experts) * that PE's row."""
+        torch = _shmem._torch()
+        op, c = "mori.ep.combine", self.config
+        if self._num_tokens is None:
+            raise MoriError(f"{op}: combine without a dispatch before it")
+        rows = expert_out.shape[0] if expert_out.dim() == 2 else -1
+        self._check(expert_out, "expert_out", self.combine_dtype, (rows, c.hidden_dim), op)
+        if out is None:
+            out = torch.empty((self._num_tokens, c.hidden_dim), dtype=self.combine_dtype, device=self._device())
+        self._check(out, "out", self.combine_dtype, (self._num_tokens, c.hidden_dim), op)
+        self._h.combine(expert_out.data_ptr(), out.data_ptr(), _shmem._stream_handle(stream, op))
+        self._settle((expert_out, out))
+        return out
+
+    def _settle(self, tensors):
+        """The kernels read the caller's tensors after the call returns. On a GPU the op keeps them until its
+        next call (torch's allocator reuses memory in stream order after that); on HOST, where a freed CPU
+        tensor is reused at once, the call waits for its kernels (errors they found stay for check())."""
+        if _mori.backend == "HOST":
+            self._h.status(0)
+            self._keep = None
+        else:
+            self._keep = tensors
+
+    def check(self, stream=None):
+        """Waits for the stream and raises MoriError when the kernels of the last call found bad input here or
+        on another PE (the round was then skipped everywhere)."""
+        rc, message = self._h.status(_shmem._stream_handle(stream, "mori.ep.check"))
+        if rc != 0:
+            raise MoriError(f"mori.ep: {message}")
+
+    def close(self):
+        """Gives the buffers back to the heap (collective)."""
+        self._h.close()
