@@ -82,9 +82,9 @@ struct Control {
   int32_t token;      // the offending token and top-k slot, the bad value
   int32_t slot;
   int32_t value;
-  int32_t abortedBy;  // a PE whose round was aborted (-1: none)
+  int32_t abortedBy;  // 1 + a PE whose round was aborted (0: none); the block is zeroed before every round
   int32_t aborted;    // this PE skips the rest of the round
-  int32_t staleFrom;  // a PE whose signal carried another round
+  int32_t staleFrom;  // 1 + a PE whose signal carried another round (0: none)
   uint32_t staleRound;
 };
 
@@ -204,55 +204,59 @@ struct RouteArgs {
   const int32_t* indices;
   const float* weights;
   int numTokens, topk, expertsPerRank, world;
+  uint64_t* masks;      // [M]: each token's destination PEs
   int32_t* slotOf;      // [M * W]
   float* weightSum;     // [M * W]
   int32_t* sendCount;   // [W]
   Control* ctl;
 };
 
-// One block of at least W threads. Validates every expert id, then numbers each token's slot on each of its
-// destination PEs in token order (thread d scans the chunk's destination masks for PE d).
-MORI_GLOBAL void RouteKernel(RouteArgs a) {
-  const unsigned tid = core::FlatThreadIdx(), nt = core::FlatBlockDim();
-  auto* masks = core::DynamicSharedMemory<uint64_t>();
-  if (tid == 0) {
-    a.ctl->error = kNoError;
-    a.ctl->abortedBy = -1;
-    a.ctl->aborted = 0;
-    a.ctl->staleFrom = -1;
-  }
-  core::SyncThreads();
+// Every thread takes tokens: validates their expert ids, sums their weights per destination PE and writes
+// the mask of destinations. (The control block was zeroed on the stream before.)
+MORI_GLOBAL void RouteMaskKernel(RouteArgs a) {
   const int experts = a.expertsPerRank * a.world;
-  int count = 0;  // thread d: tokens for PE d so far
-  for (int base = 0; base < a.numTokens; base += static_cast<int>(nt)) {
-    const int t = base + static_cast<int>(tid);
+  for (int t = static_cast<int>(core::GlobalThreadIdx()); t < a.numTokens;
+       t += static_cast<int>(core::GlobalThreadCount())) {
     uint64_t mask = 0;
-    if (t < a.numTokens) {
-      float* ws = a.weightSum + static_cast<size_t>(t) * a.world;
-      for (int d = 0; d < a.world; ++d) ws[d] = 0.0f;
-      for (int k = 0; k < a.topk; ++k) {
-        const int e = a.indices[static_cast<size_t>(t) * a.topk + k];
-        if (e < 0 || e >= experts) {
-          RecordError(a.ctl, kBadExpert, t, k, e);
-          continue;
-        }
-        const int d = e / a.expertsPerRank;
-        mask |= uint64_t(1) << d;
-        ws[d] += a.weights[static_cast<size_t>(t) * a.topk + k];
+    float* ws = a.weightSum + static_cast<size_t>(t) * a.world;
+    for (int d = 0; d < a.world; ++d) ws[d] = 0.0f;
+    for (int k = 0; k < a.topk; ++k) {
+      const int e = a.indices[static_cast<size_t>(t) * a.topk + k];
+      if (e < 0 || e >= experts) {
+        RecordError(a.ctl, kBadExpert, t, k, e);
+        continue;
       }
+      const int d = e / a.expertsPerRank;
+      mask |= uint64_t(1) << d;
+      ws[d] += a.weights[static_cast<size_t>(t) * a.topk + k];
     }
-    masks[tid] = mask;
-    core::SyncThreads();
-    if (static_cast<int>(tid) < a.world) {
-      const int d = static_cast<int>(tid);
-      const int n = std::min(static_cast<int>(nt), a.numTokens - base);
-      for (int i = 0; i < n; ++i) {
-        a.slotOf[static_cast<size_t>(base + i) * a.world + d] = (masks[i] >> d) & 1 ? count++ : -1;
-      }
-    }
-    core::SyncThreads();
+    a.masks[t] = mask;
   }
-  if (static_cast<int>(tid) < a.world) a.sendCount[tid] = count;
+}
+
+// Block d numbers the slots of the tokens for PE d in token order: a block-wide prefix sum over each chunk of
+// blockDim tokens (shared: blockDim ints). All destinations at once, one block each.
+MORI_GLOBAL void RouteSlotKernel(RouteArgs a) {
+  const int d = static_cast<int>(core::FlatBlockIdx());
+  const int tid = static_cast<int>(core::FlatThreadIdx()), nt = static_cast<int>(core::FlatBlockDim());
+  int32_t* scan = core::DynamicSharedMemory<int32_t>();
+  int running = 0;
+  for (int base = 0; base < a.numTokens; base += nt) {
+    const int t = base + tid;
+    const int flag = t < a.numTokens ? static_cast<int>((a.masks[t] >> d) & 1) : 0;
+    scan[tid] = flag;
+    core::SyncThreads();
+    for (int step = 1; step < nt; step <<= 1) {  // inclusive scan (Hillis-Steele)
+      const int add = tid >= step ? scan[tid - step] : 0;
+      core::SyncThreads();
+      scan[tid] += add;
+      core::SyncThreads();
+    }
+    if (t < a.numTokens) a.slotOf[static_cast<size_t>(t) * a.world + d] = flag ? running + scan[tid] - 1 : -1;
+    running += scan[nt - 1];
+    core::SyncThreads();  // scan is rewritten by the next chunk
+  }
+  if (tid == 0) a.sendCount[d] = running;
 }
 
 struct DispatchArgs {
@@ -348,10 +352,10 @@ MORI_GLOBAL void ReceiveKernel(uint64_t* sig, uint64_t round, int world, int32_t
     if ((v >> 32) != round) {
       core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->staleRound,
                                                                           static_cast<uint32_t>(v >> 32));
-      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->staleFrom, int32_t(tid));
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->staleFrom, int32_t(tid + 1));
       counts[tid] = 0;
     } else if (count == kAborted) {
-      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->abortedBy, int32_t(tid));
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->abortedBy, int32_t(tid + 1));
       counts[tid] = 0;
     } else {
       counts[tid] = static_cast<int32_t>(count);
@@ -364,10 +368,10 @@ MORI_GLOBAL void ReceiveKernel(uint64_t* sig, uint64_t round, int world, int32_t
       offsets[s] = sum;
       sum += counts[s];
     }
-    const bool aborted = ctl->error != kNoError || ctl->abortedBy >= 0 || ctl->staleFrom >= 0;
+    const bool aborted = ctl->error != kNoError || ctl->abortedBy > 0 || ctl->staleFrom > 0;
     if (aborted) {
       ctl->aborted = 1;
-      if (ctl->error == kNoError) ctl->error = ctl->staleFrom >= 0 ? kStaleSignal : kAbortedElsewhere;
+      if (ctl->error == kNoError) ctl->error = ctl->staleFrom > 0 ? kStaleSignal : kAbortedElsewhere;
     }
     if (total != nullptr) *total = aborted ? -1 : sum;
   }
@@ -472,23 +476,48 @@ struct ReduceArgs {
   const Control* ctl;
 };
 
+// Per token, each thread sums a 16-byte vector of elements over the PEs the token went to (4 fp32 or 8
+// bf16/fp16 per load) when rows are whole vectors, else one element at a time.
 template <DataType T>
 MORI_GLOBAL void ReduceKernel(ReduceArgs a) {
   if (a.ctl->aborted != 0) return;
   using E = Elem<T>;
   using S = typename E::Storage;
+  constexpr int kVec = 16 / sizeof(S);
+  const bool vectors = a.hidden % kVec == 0;
+  const int units = vectors ? a.hidden / kVec : a.hidden;
   for (int t = static_cast<int>(core::FlatBlockIdx()); t < a.numTokens; t += static_cast<int>(core::FlatGridDim())) {
     auto* out = reinterpret_cast<S*>(a.output + static_cast<size_t>(t) * a.lay.rowDataBytes);
-    for (int h = static_cast<int>(core::FlatThreadIdx()); h < a.hidden; h += static_cast<int>(core::FlatBlockDim())) {
-      float acc = 0.0f;
+    const int32_t* slots = a.slotOf + static_cast<size_t>(t) * a.world;
+    const float* ws = a.weightSum + static_cast<size_t>(t) * a.world;
+    for (int u = static_cast<int>(core::FlatThreadIdx()); u < units; u += static_cast<int>(core::FlatBlockDim())) {
+      float acc[kVec] = {};
+      const int lanes = vectors ? kVec : 1;
+      const size_t first = vectors ? static_cast<size_t>(u) * kVec : static_cast<size_t>(u);
       for (int d = 0; d < a.world; ++d) {
-        const int j = a.slotOf[static_cast<size_t>(t) * a.world + d];
+        const int j = slots[d];
         if (j < 0) continue;
         const auto* row = reinterpret_cast<const S*>(
             a.combRecv + (static_cast<size_t>(d) * a.maxTokens + j) * a.lay.rowBytes);
-        acc += a.weightSum[static_cast<size_t>(t) * a.world + d] * E::Load(row, h);
+        const float w = ws[d];
+        if (vectors) {
+          const Word16 v = *reinterpret_cast<const Word16*>(row + first);  // one 16-byte load
+          S e[kVec];
+          memcpy(e, &v, sizeof(v));
+          for (int i = 0; i < kVec; ++i) acc[i] += w * E::Load(e, i);
+        } else {
+          acc[0] += w * E::Load(row, first);
+        }
       }
-      E::Store(out, h, acc);
+      if (vectors) {
+        S e[kVec];
+        for (int i = 0; i < kVec; ++i) E::Store(e, i, acc[i]);
+        Word16 v;
+        memcpy(&v, e, sizeof(v));
+        *reinterpret_cast<Word16*>(out + first) = v;  // one 16-byte store
+      } else {
+        for (int i = 0; i < lanes; ++i) E::Store(out, first + i, acc[i]);
+      }
     }
   }
 }
@@ -516,7 +545,7 @@ struct EpDispatchCombineHandle::Impl {
   // Local.
   uint8_t* combSend = nullptr;  // InterNode: rows staged for the NIC or proxy, which read only the heap
   // Local.
-  core::GpuBuffer slotOf, weightSum, counts, tokens, weights, indices, scales, srcTokenPos, expertCounts, ctl;
+  core::GpuBuffer masks, slotOf, weightSum, counts, tokens, weights, indices, scales, srcTokenPos, expertCounts, ctl;
   uint64_t round = 0;
   int numTokens = 0;
   bool dispatched = false;
@@ -623,6 +652,7 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
     }
     throw;
   }
+  m.masks = core::GpuBuffer(M * sizeof(uint64_t));
   m.slotOf = core::GpuBuffer(M * W * sizeof(int32_t));
   m.weightSum = core::GpuBuffer(M * W * sizeof(float));
   m.counts = core::GpuBuffer((5 * W + 1) * sizeof(int32_t));
@@ -635,7 +665,7 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
   m.ctl = core::GpuBuffer(sizeof(Control));
   MORI_CHECK_GPU(core::GpuMemset(m.ctl.Data(), 0, sizeof(Control)));
   MORI_CHECK_GPU(core::GpuMemset(m.counts.Data(), 0, m.counts.Bytes()));
-  core::PreloadKernels(RouteKernel, DispatchSendKernel, SignalKernel, ReceiveKernel, UnpackKernel, CombineSendKernel,
+  core::PreloadKernels(RouteMaskKernel, RouteSlotKernel, DispatchSendKernel, SignalKernel, ReceiveKernel, UnpackKernel, CombineSendKernel,
                        CombineBatchKernel, ReduceKernel<DataType::Float32>, ReduceKernel<DataType::BFloat16>,
                        ReduceKernel<DataType::Float16>);
   shmem::ShmemBarrierAll();
@@ -689,10 +719,15 @@ EpDispatchResult EpDispatchCombineHandle::Dispatch(const void* input, const int3
   const int W = c.worldSize;
   const bool direct = c.kernel == EpKernelType::IntraNode;
 
-  RouteArgs ra{indices, weights, numTokens, c.topk, c.numExpertsPerRank, W, m.slotOf.DataAs<int32_t>(),
-               m.weightSum.DataAs<float>(), m.Counts(0), m.Ctl()};
-  core::LaunchKernel(RouteKernel, Dim3(1), Dim3(m.routeThreads), m.routeThreads * sizeof(uint64_t), stream, ra);
-  CheckLaunch("dispatch route");
+  MORI_CHECK_GPU(core::GpuMemsetAsync(m.Ctl(), 0, sizeof(Control), stream));
+  RouteArgs ra{indices, weights, numTokens, c.topk, c.numExpertsPerRank, W, m.masks.DataAs<uint64_t>(),
+               m.slotOf.DataAs<int32_t>(), m.weightSum.DataAs<float>(), m.Counts(0), m.Ctl()};
+  if (numTokens > 0) {
+    core::LaunchKernel(RouteMaskKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, ra);
+    CheckLaunch("dispatch route (masks)");
+  }
+  core::LaunchKernel(RouteSlotKernel, Dim3(W), Dim3(m.threads), m.threads * sizeof(int32_t), stream, ra);
+  CheckLaunch("dispatch route (slots)");
 
   DispatchArgs da{static_cast<const uint8_t*>(input), indices, weights, scales, numTokens, c.topk, c.scaleDim, W,
                   c.rank, c.maxTokensPerRank, m.lay, m.slotOf.DataAs<int32_t>(), m.Counts(0), m.recvBuf,
@@ -780,12 +815,12 @@ int EpDispatchCombineHandle::Status(GpuStream stream, std::string* message) {
       break;
     case kAbortedElsewhere:
       text = core::StrFormat("PE %d: PE %d found bad input and aborted the round; nothing was sent", config_.rank,
-                             c.abortedBy);
+                             c.abortedBy - 1);
       break;
     case kStaleSignal:
       text = core::StrFormat("PE %d: the signal from PE %d carried round %u, this PE is in round %llu (the PEs "
                              "did not make the same Dispatch and Combine calls)",
-                             config_.rank, c.staleFrom, c.staleRound, static_cast<unsigned long long>(impl_->round));
+                             config_.rank, c.staleFrom - 1, c.staleRound, static_cast<unsigned long long>(impl_->round));
       break;
     default: text = core::StrFormat("PE %d: unknown error %d", config_.rank, c.error);
   }
