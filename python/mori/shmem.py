@@ -252,8 +252,9 @@ def _same_bytes(op, dst, src):
 
 
 def _signal_word(sig, op):
-    if not hasattr(sig, "data_ptr") and _interface(sig) is not None:
-        address, nbytes, typestr = _interface_span(_interface(sig), "the signal", op)
+    ai = None if hasattr(sig, "data_ptr") else _interface(sig)
+    if ai is not None:
+        address, nbytes, typestr = _interface_span(ai, "the signal", op)
         if typestr[1:] not in ("i8", "u8") or nbytes != 8:
             raise MoriError(f"{op}: the signal must be one 64-bit integer of a symmetric array (got {typestr}, "
                             f"{nbytes} bytes)")

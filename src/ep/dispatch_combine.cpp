@@ -267,12 +267,9 @@ struct DispatchArgs {
   int numTokens, topk, scaleDim, world, rank, maxTokens;
   Layout lay;
   const int32_t* slotOf;
-  const int32_t* sendCount;
   uint8_t* recvBuf;  // symmetric [W][M] messages
   uint8_t* sendBuf;  // symmetric [W][M] messages (InterNode)
-  uint64_t* sig;     // symmetric [W]: the dispatch signal from each source
-  uint64_t round;
-  Control* ctl;
+  const Control* ctl;
   bool direct;       // IntraNode: store into the peers' slots
 };
 
@@ -308,9 +305,10 @@ MORI_GLOBAL void DispatchSendKernel(DispatchArgs a) {
 struct SignalArgs {
   const int32_t* counts;
   uint8_t* remoteBase;    // symmetric: this PE's slots on the target, [rank][0]
-  const uint8_t* staged;  // local staging, [d][0] at staged + d * stride
+  const uint8_t* staged;  // local staging (symmetric heap): PE d's batch at d * stride or startRows[d]
   size_t stride, itemBytes;
   uint64_t* sig;          // symmetric: the signal word for this PE on the target
+  const int32_t* startRows;  // InterNode: PE d's batch starts at row startRows[d] of the staging; null: d * stride
   uint64_t round;
   int world;
   bool direct;
@@ -334,8 +332,10 @@ MORI_GLOBAL void SignalKernel(SignalArgs a) {
   if (count == 0 || count == kAborted) {
     if (core::FlatThreadIdx() == 0) shmem::ShmemSignalOpThread(a.sig, value, SignalOp::Set, d);
   } else {
-    shmem::ShmemPutMemNbiSignalBlock(a.remoteBase, a.staged + static_cast<size_t>(d) * a.stride,
-                                     count * a.itemBytes, a.sig, value, SignalOp::Set, d);
+    const size_t start = a.startRows != nullptr ? static_cast<size_t>(a.startRows[d]) * a.itemBytes
+                                                : static_cast<size_t>(d) * a.stride;
+    shmem::ShmemPutMemNbiSignalBlock(a.remoteBase, a.staged + start, count * a.itemBytes, a.sig, value,
+                                     SignalOp::Set, d);
   }
   if (core::FlatThreadIdx() == 0) shmem::ShmemQuietThread();
 }
@@ -450,22 +450,6 @@ MORI_GLOBAL void CombineSendKernel(CombineArgs a) {
   }
 }
 
-// For InterNode the signal kernel needs [d][0] of the staging at staged + d * stride, but the rows of source
-// s start at offsets[s]: this kernel is the InterNode signal for combine, reading the offsets itself.
-MORI_GLOBAL void CombineBatchKernel(SignalArgs a, const int32_t* offsets) {
-  const bool aborted = a.ctl->aborted != 0;
-  const int s = static_cast<int>(core::FlatBlockIdx());
-  const uint32_t count = aborted ? kAborted : static_cast<uint32_t>(a.counts[s]);
-  const uint64_t value = (a.round << 32) | count;
-  if (count == 0 || count == kAborted) {
-    if (core::FlatThreadIdx() == 0) shmem::ShmemSignalOpThread(a.sig, value, SignalOp::Set, s);
-  } else {
-    shmem::ShmemPutMemNbiSignalBlock(a.remoteBase, a.staged + static_cast<size_t>(offsets[s]) * a.itemBytes,
-                                     count * a.itemBytes, a.sig, value, SignalOp::Set, s);
-  }
-  if (core::FlatThreadIdx() == 0) shmem::ShmemQuietThread();
-}
-
 struct ReduceArgs {
   const uint8_t* combRecv;
   const int32_t* slotOf;
@@ -533,7 +517,7 @@ bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 }  // namespace
 
 struct EpDispatchCombineHandle::Impl {
-  EpDispatchCombineConfig cfg;
+  int world = 0;
   Layout lay{};
   DataType combineType = DataType::BFloat16;
   unsigned blocks = 0, threads = 0, routeThreads = 0;
@@ -550,9 +534,9 @@ struct EpDispatchCombineHandle::Impl {
   int numTokens = 0;
   bool dispatched = false;
 
-  int32_t* Counts(int which) const { return counts.DataAs<int32_t>() + which * cfg.worldSize; }
+  int32_t* Counts(int which) const { return counts.DataAs<int32_t>() + which * world; }
   // counts: [0] send, [1] receive, [2] offsets, [3] [4] scratch of the combine wait, then the total
-  int32_t* Total() const { return counts.DataAs<int32_t>() + 5 * cfg.worldSize; }
+  int32_t* Total() const { return counts.DataAs<int32_t>() + 5 * world; }
   Control* Ctl() const { return ctl.DataAs<Control>(); }
 };
 
@@ -588,7 +572,7 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
     : config_(config), impl_(std::make_unique<Impl>()) {
   ValidateConfig(config);
   Impl& m = *impl_;
-  m.cfg = config;
+  m.world = config.worldSize;
   const size_t W = config.worldSize, M = config.maxTokensPerRank, H = config.hiddenDim, K = config.topk,
                S = config.scaleDim;
   m.combineType = config.dtype == DataType::Fp8E4M3 ? DataType::BFloat16 : config.dtype;
@@ -665,9 +649,9 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
   m.ctl = core::GpuBuffer(sizeof(Control));
   MORI_CHECK_GPU(core::GpuMemset(m.ctl.Data(), 0, sizeof(Control)));
   MORI_CHECK_GPU(core::GpuMemset(m.counts.Data(), 0, m.counts.Bytes()));
-  core::PreloadKernels(RouteMaskKernel, RouteSlotKernel, DispatchSendKernel, SignalKernel, ReceiveKernel, UnpackKernel, CombineSendKernel,
-                       CombineBatchKernel, ReduceKernel<DataType::Float32>, ReduceKernel<DataType::BFloat16>,
-                       ReduceKernel<DataType::Float16>);
+  core::PreloadKernels(RouteMaskKernel, RouteSlotKernel, DispatchSendKernel, SignalKernel, ReceiveKernel,
+                       UnpackKernel, CombineSendKernel, ReduceKernel<DataType::Float32>,
+                       ReduceKernel<DataType::BFloat16>, ReduceKernel<DataType::Float16>);
   shmem::ShmemBarrierAll();
 }
 
@@ -730,15 +714,15 @@ EpDispatchResult EpDispatchCombineHandle::Dispatch(const void* input, const int3
   CheckLaunch("dispatch route (slots)");
 
   DispatchArgs da{static_cast<const uint8_t*>(input), indices, weights, scales, numTokens, c.topk, c.scaleDim, W,
-                  c.rank, c.maxTokensPerRank, m.lay, m.slotOf.DataAs<int32_t>(), m.Counts(0), m.recvBuf,
-                  m.sendBuf, m.sigs, m.round, m.Ctl(), direct};
+                  c.rank, c.maxTokensPerRank, m.lay, m.slotOf.DataAs<int32_t>(), m.recvBuf, m.sendBuf, m.Ctl(),
+                  direct};
   if (numTokens > 0) {
     core::LaunchKernel(DispatchSendKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, da);
     CheckLaunch("dispatch send");
   }
   const size_t slotsPerPe = static_cast<size_t>(c.maxTokensPerRank) * m.lay.msgBytes;
   SignalArgs sa{m.Counts(0), m.recvBuf + c.rank * slotsPerPe, m.sendBuf, slotsPerPe, m.lay.msgBytes,
-                m.sigs + c.rank, m.round, W, direct, m.Ctl()};
+                m.sigs + c.rank, nullptr, m.round, W, direct, m.Ctl()};
   core::LaunchKernel(SignalKernel, Dim3(direct ? 1 : W), Dim3(direct ? std::max<unsigned>(W, 1) : m.threads), 0,
                      stream, sa);
   CheckLaunch("dispatch signal");
@@ -779,14 +763,11 @@ void EpDispatchCombineHandle::Combine(const void* expertOutput, void* output, Gp
   core::LaunchKernel(CombineSendKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, ca);
   CheckLaunch("combine send");
   const size_t rowsPerPe = static_cast<size_t>(c.maxTokensPerRank) * m.lay.rowBytes;
-  SignalArgs sa{m.Counts(1), m.combRecv + c.rank * rowsPerPe, m.combSend,
-                rowsPerPe, m.lay.rowBytes, m.sigs + W + c.rank, m.round, W, direct, m.Ctl()};
-  if (direct) {
-    core::LaunchKernel(SignalKernel, Dim3(1), Dim3(std::max<unsigned>(W, 1)), 0, stream, sa);
-  } else {
-    core::LaunchKernel(CombineBatchKernel, Dim3(W), Dim3(m.threads), 0, stream, sa,
-                       static_cast<const int32_t*>(m.Counts(2)));
-  }
+  // Combine's rows for source s start at row offsets[s] of the staging (the received order).
+  SignalArgs sa{m.Counts(1), m.combRecv + c.rank * rowsPerPe, m.combSend, rowsPerPe, m.lay.rowBytes,
+                m.sigs + W + c.rank, m.Counts(2), m.round, W, direct, m.Ctl()};
+  core::LaunchKernel(SignalKernel, Dim3(direct ? 1 : W), Dim3(direct ? std::max<unsigned>(W, 1) : m.threads), 0,
+                     stream, sa);
   CheckLaunch("combine signal");
   // Waits for every PE's rows; its counts and offsets go to scratch so that the dispatch result stays intact.
   core::LaunchKernel(ReceiveKernel, Dim3(1), Dim3(m.routeThreads), 0, stream, m.sigs + W, m.round, W, m.Counts(3),

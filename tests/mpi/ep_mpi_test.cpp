@@ -184,7 +184,7 @@ std::vector<T> FromDevice(const void* p, size_t count) {
   return v;
 }
 
-// One dispatch + combine round of `c` on `h`, checked. Returns false at the first failure.
+// One dispatch + combine round of `c` on `h`, checked (a fatal failure returns early: HasFatalFailure()).
 void RunRound(EpDispatchCombineHandle& h, const Case& c, uint64_t round) {
   const auto& g = c.cfg;
   const int W = N(), me = Me(), H = g.hiddenDim, K = g.topk, S = g.scaleDim, E = g.numExpertsPerRank,
