@@ -38,6 +38,7 @@ struct RoundTripMode {
 };
 constexpr RoundTripMode kRoundTrips[] = {
     {kAnswerFlag, core::FifoOrder::AfterWrites, "push -> pop -> pinned flag"},
+    {kAnswerFlag, core::FifoOrder::AfterDeviceWrites, "the same, after GPU-memory writes"},
     {kAnswerFlag, core::FifoOrder::PayloadOnly, "the same, payload-only push"},
     {kWaitForPop, core::FifoOrder::AfterWrites, "push -> pop (kernel waits on tail)"},
 };
@@ -89,11 +90,11 @@ MORI_GLOBAL void FlagRoundTripKernel(uint64_t* ping, const uint64_t* pong, uint3
 
 #if MORI_GPU_COMPILER
 // What one push is made of, in SM cycles (clock64), each step timed alone `iters` times: costs[step * iters + i].
-constexpr int kPushSteps = 8;
+constexpr int kPushSteps = 9;
 constexpr const char* kPushStepNames[kPushSteps] = {
     "fetch-add, device scope",         "acquire load, device scope",    "release fence, system scope",
     "release fence, device scope",     "fence + 16-byte store, pinned", "16-byte relaxed store, pinned",
-    "push (after writes: the default)", "push (payload only)"};
+    "push (after writes: the default)", "push (payload only)",      "push (after GPU-memory writes)"};
 MORI_GLOBAL void PushCostsKernel(core::FifoDeviceHandle fifo, uint64_t* word, core::ProxyTrigger* pinned, uint32_t iters,
                                 uint64_t* costs) {
   for (uint32_t i = 0; i < iters; ++i) {
@@ -114,10 +115,12 @@ MORI_GLOBAL void PushCostsKernel(core::FifoDeviceHandle fifo, uint64_t* word, co
     t[5] = clock64();
     core::FifoDeviceHandle::StoreSlot(pinned + 1, v, w);
     t[6] = clock64();
-    fifo.Push(core::ProxyTrigger{2 * uint64_t{i} + 1, 0});
+    fifo.Push(core::ProxyTrigger{3 * uint64_t{i} + 1, 0});
     t[7] = clock64();
-    fifo.Push(core::ProxyTrigger{2 * uint64_t{i} + 2, 0}, core::FifoOrder::PayloadOnly);
+    fifo.Push(core::ProxyTrigger{3 * uint64_t{i} + 2, 0}, core::FifoOrder::PayloadOnly);
     t[8] = clock64();
+    fifo.Push(core::ProxyTrigger{3 * uint64_t{i} + 3, 0}, core::FifoOrder::AfterDeviceWrites);
+    t[9] = clock64();
     for (int k = 0; k < kPushSteps; ++k) costs[k * iters + i] = static_cast<uint64_t>(t[k + 1] - t[k]);
   }
 }

@@ -209,10 +209,11 @@ MORI_HOST_DEVICE_INLINE uint64_t CheckWord(uint64_t fst) {
   return (fst * 0x9E3779B97F4A7C15ull ^ 0x1234567ull) & ~kTriggerLapBit;
 }
 
-// Both orders of push take turns in the producer kernels: a payload-only push writes its slot without the
-// release fence, and must arrive as whole and in as good order as the other.
+// Every order of push takes turns in the producer kernels: a payload-only push writes its slot without a
+// release fence and one after GPU-memory writes with a device-scope one (on CUDA); each must arrive as whole
+// and in as good order as the default.
 MORI_HOST_DEVICE_INLINE FifoOrder OrderOf(uint32_t seq) {
-  return seq % 3 == 1 ? FifoOrder::PayloadOnly : FifoOrder::AfterWrites;
+  return seq % 3 == 1 ? FifoOrder::PayloadOnly : seq % 3 == 2 ? FifoOrder::AfterDeviceWrites : FifoOrder::AfterWrites;
 }
 
 // Each thread pushes (thread, sequence) triggers; every `syncEvery`-th push waits until the proxy popped it.

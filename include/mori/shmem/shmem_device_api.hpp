@@ -81,8 +81,8 @@ MORI_DEVICE_NOINLINE void TransferRemote(const char* op, void* dst, const void* 
     GroupSync<G>();
     return;
   }
-  // Proxy: every thread's part of the source is written before the proxy reads it.
-  if constexpr (D == Direction::Put && G != Group::Thread) SystemFence();
+  // Proxy: every thread's part of the source is written before the proxy reads it (the barrier, then the
+  // leader's release in its push).
   GroupSync<G>();
   if (GroupRank<G>() == 0) {
     ProxyTransfer(s, op, D == Direction::Put ? ProxyOp::Put : ProxyOp::Get, pe, offset,
@@ -130,8 +130,7 @@ MORI_DEVICE_NOINLINE void PutSignalRemote(const char* op, const void* source, si
     GroupSync<G>();
     return;
   }
-  if constexpr (G != Group::Thread) SystemFence();
-  GroupSync<G>();
+  GroupSync<G>();  // the group's source is written before the leader's push (whose release is cumulative)
   if (GroupRank<G>() == 0) {
     // One request: the proxy issues the signal after the data on the same connection, which orders it.
     if (bytes > 0) {
@@ -143,7 +142,8 @@ MORI_DEVICE_NOINLINE void PutSignalRemote(const char* op, const void* source, si
     core::ProxyTrigger r[3] = {ProxyHead(ProxyOp::PutSignal, 3, pe, bytes, static_cast<uint32_t>(sigOp)),
                                ProxyPayload(reinterpret_cast<uintptr_t>(source), offset),
                                ProxyPayload(sigVal, sigOffset)};
-    ProxyPush(s, r, 3);
+    // With no data the signal still follows everything this group wrote before: the system-scope release.
+    ProxyPush(s, r, 3, ProxyDataOrder(s, source, bytes));
   }
   GroupSync<G>();
 }

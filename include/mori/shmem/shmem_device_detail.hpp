@@ -433,8 +433,9 @@ MORI_DEVICE_INLINE bool ProxyReachable(const ShmemDeviceState& s, const void* p,
   return false;
 }
 
-// Requests that name data (puts, gets) are pushed after this thread's earlier writes (a system-scope
-// release); self-contained ones (inline values, signals after their own fence, atomics, quiet) are not.
+// Requests that name data (puts, gets) are pushed after this thread's earlier writes (a release fence of the
+// scope the data needs); self-contained ones (inline values, signals after their own fence, atomics, quiet)
+// are not.
 MORI_DEVICE_INLINE uint64_t ProxyPush(const ShmemDeviceState& s, const core::ProxyTrigger* items, uint32_t n,
                                       core::FifoOrder order = core::FifoOrder::AfterWrites) {
   core::FifoDeviceHandle fifo = s.proxyFifo;  // Push changes only what the handle points to
@@ -444,6 +445,17 @@ MORI_DEVICE_INLINE uint64_t ProxyPush(const ShmemDeviceState& s, const core::Pro
 MORI_DEVICE_INLINE core::ProxyTrigger ProxyHead(ProxyOp op, uint32_t slots, int pe, uint64_t bytes, uint32_t sub = 0,
                                                 uint32_t width = 0) {
   return EncodeProxyHeader(ProxyHeader{op, slots, sub, width, static_cast<uint32_t>(pe), bytes});
+}
+
+// What a push naming local [p, p + bytes) orders before it. The heap is GPU memory, which the proxy's copy
+// engine or NIC reads (or writes, for a get) through this GPU: a device-scope release orders the writes
+// before them (FifoOrder::AfterDeviceWrites). A ShmemBufferRegister region may be host memory and takes the
+// system-scope one. Either release is cumulative: after a group barrier it covers the whole group's writes,
+// so only the leader that pushes fences.
+MORI_DEVICE_INLINE core::FifoOrder ProxyDataOrder(const ShmemDeviceState& s, const void* p, size_t bytes) {
+  uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  bool inHeap = bytes > 0 && a >= s.heapBase && bytes <= s.heapBytes && a - s.heapBase <= s.heapBytes - bytes;
+  return inHeap ? core::FifoOrder::AfterDeviceWrites : core::FifoOrder::AfterWrites;
 }
 
 // A put (local -> offset at pe) or get (offset at pe -> local) the proxy performs. With `wait` it returns once
@@ -457,7 +469,7 @@ MORI_DEVICE_INLINE void ProxyTransfer(const ShmemDeviceState& s, const char* op,
                      static_cast<unsigned long long>(bytes));
   core::ProxyTrigger r[2] = {ProxyHead(kind, 2, pe, bytes, wait ? kProxyFlagFlush : 0),
                              ProxyPayload(reinterpret_cast<uintptr_t>(local), offset)};
-  uint64_t slot = ProxyPush(s, r, 2);
+  uint64_t slot = ProxyPush(s, r, 2, ProxyDataOrder(s, local, bytes));
   if (wait) s.proxyFifo.Sync(slot);
 }
 
