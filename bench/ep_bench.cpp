@@ -4,7 +4,10 @@
 // Defaults are the DeepSeek-V3 shape (hidden 7168, top-8, 256 experts over the PEs, fp8 with 56 scales per
 // token, bf16 combine, 4096 tokens per PE); on HOST a small shape.
 //   mpirun -np 2 ./bench/ep_bench [--tokens N] [--hidden H] [--experts E] [--topk K] [--dtype fp8|bf16]
-//                                 [--kernel intra|inter|both] [--iters N] [--warmup N] [--blocks N] [--warps N]
+//                                 [--kernel intra|inter|ll|both|all, or a comma list] [--iters N] [--warmup N]
+//                                 [--blocks N] [--warps N]
+// LowLatency (ll) receives a row per (token, local expert): its "received" and bandwidth count those rows, as
+// DeepEP counts its low-latency kernels; it is meant for decode batches (--tokens 128).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -78,7 +81,9 @@ void Run(const Args& a, ep::EpKernelType kernel, bench::StreamTimer& timer) {
   }
   core::GpuBuffer input(std::max<size_t>(a.tokens * tokenBytes, 16)), dIdx(idx.size() * 4), dW(w.size() * 4),
       scales(std::max<size_t>(static_cast<size_t>(a.tokens) * std::max(c.scaleDim, 1) * 4, 16)),
-      expertOut(std::max<size_t>(static_cast<size_t>(n) * a.tokens * rowBytes, 16)),
+      expertOut(std::max<size_t>(static_cast<size_t>(n) * a.tokens * rowBytes *
+                                     (kernel == ep::EpKernelType::LowLatency ? c.numExpertsPerRank : 1),
+                                 16)),
       output(std::max<size_t>(a.tokens * rowBytes, 16));
   MORI_CHECK_GPU(core::GpuMemset(input.Data(), 0x3C, input.Bytes()));
   MORI_CHECK_GPU(core::GpuMemset(scales.Data(), 0, scales.Bytes()));
@@ -164,8 +169,14 @@ int main(int argc, char** argv) {
       auto t = shmem::ShmemTransportType(pe);
       allP2p = allP2p && (t == shmem::TransportType::P2P || t == shmem::TransportType::Self);
     }
-    if ((a.kernel == "intra" || a.kernel == "both") && allP2p) Run(a, ep::EpKernelType::IntraNode, timer);
-    if (a.kernel == "inter" || a.kernel == "both") Run(a, ep::EpKernelType::InterNode, timer);
+    auto wants = [&](const char* name) {
+      const std::string list = "," + a.kernel + ",";
+      return list.find("," + std::string(name) + ",") != std::string::npos || list.find(",all,") != std::string::npos ||
+             (std::string(name) != "ll" && list.find(",both,") != std::string::npos);
+    };
+    if (wants("intra") && allP2p) Run(a, ep::EpKernelType::IntraNode, timer);
+    if (wants("inter")) Run(a, ep::EpKernelType::InterNode, timer);
+    if (wants("ll")) Run(a, ep::EpKernelType::LowLatency, timer);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ep_bench on PE %d: %s\n", shmem::ShmemMyPe(), e.what());
     rc = 1;

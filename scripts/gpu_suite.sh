@@ -166,7 +166,7 @@ if [ "${ONLY:-}" = ep ]; then
   if [ -n "${EP_BENCH:-}" ]; then
     run ep_bench "${mpirun_[@]}" -np 2 -x MORI_SHMEM_HEAP_SIZE=2g -x MORI_TIMEOUT_S=60 ./bench/ep_bench ${EP_BENCH_ARGS:-}
     run ep_bench_128 "${mpirun_[@]}" -np 2 -x MORI_SHMEM_HEAP_SIZE=2g -x MORI_TIMEOUT_S=60 ./bench/ep_bench \
-      --tokens 128 ${EP_BENCH_ARGS:-}
+      --tokens 128 --kernel all ${EP_BENCH_ARGS:-}
   fi
   cat "$out/summary.txt"
   report_failures

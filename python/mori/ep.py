@@ -13,6 +13,15 @@ round was aborted), read without a host synchronisation only when the caller cho
 and `op.expert_counts` hold each row's source (PE * max_tokens_per_rank + position) and the rows per local
 expert. Errors the host can see raise mori.MoriError at once; an expert id out of range is found by the
 kernels, aborts the round on every PE and is raised by `op.check()` (which waits for the stream).
+
+KERNEL_LOW_LATENCY (decode batches) returns the rows grouped per local expert: `tokens` is
+[num_experts_per_rank, world * max_tokens_per_rank, hidden] (expert e's rows are [e, :expert_counts[e]], in
+(source, position) order), `weights`, `indices`, `scales` and `op.src_token_pos` the same way, and total_recv
+the sum of expert_counts; combine takes `expert_out` of that shape (one output row per received row) and sums
+every (token, expert) row with the token's weight for that expert.
+
+Each call has two halves for overlapping work: `op.dispatch_send(...)` then `op.dispatch_recv()` (which
+returns what dispatch returns), `op.combine_send(expert_out)` then `op.combine_recv()`.
 """
 
 from dataclasses import dataclass
@@ -44,7 +53,7 @@ class EpDispatchCombineConfig:
     topk: int
     dtype: object = None            # torch dtype of the dispatched tokens (default bfloat16)
     scale_dim: int = 0              # float32 scales per token travelling with it (fp8), 0: none
-    kernel: str = KERNEL_INTRA_NODE  # IntraNode (P2P), InterNode (RDMA, Proxy, any)
+    kernel: str = KERNEL_INTRA_NODE  # IntraNode (P2P), InterNode (RDMA, Proxy, any), LowLatency (any)
     blocks: int = 0
     warps_per_block: int = 0
 
@@ -66,7 +75,9 @@ class EpDispatchCombineOp:
         combine_code = self._h.combine_dtype()
         self.combine_dtype = next(d for d, c in codes.items() if c == combine_code)
         self._rows = _shmem.n_pes() * config.max_tokens_per_rank
+        self._grouped = config.kernel == KERNEL_LOW_LATENCY
         self._num_tokens = None
+        self._pending = None
         self._keep = None
         self.src_token_pos = None
         self.expert_counts = None
@@ -94,6 +105,11 @@ class EpDispatchCombineOp:
     def dispatch(self, x, indices, weights, scales=None, stream=None):
         """x [n, hidden] of the op's dtype, indices [n, topk] int32 expert ids, weights [n, topk] float32, scales
         [n, scale_dim] float32 or None. Returns (tokens, weights, indices, scales, total_recv)."""
+        self.dispatch_send(x, indices, weights, scales, stream)
+        return self.dispatch_recv(stream)
+
+    def dispatch_send(self, x, indices, weights, scales=None, stream=None):
+        """The first half of dispatch: this PE's tokens leave (queued on the stream)."""
         torch = _shmem._torch()
         op, c = "mori.ep.dispatch", self.config
         n = x.shape[0] if x.dim() >= 1 else -1
@@ -106,35 +122,72 @@ class EpDispatchCombineOp:
             self._check(scales, "scales", torch.float32, (n, c.scale_dim), op)
         elif scales is not None:
             raise MoriError(f"{op}: scales given, but the op was built with scale_dim 0")
-        addr = self._h.dispatch(x.data_ptr(), indices.data_ptr(), weights.data_ptr(),
-                                scales.data_ptr() if scales is not None else 0, n,
-                                _shmem._stream_handle(stream, op))
-        self._num_tokens = n
+        self._h.dispatch_send(x.data_ptr(), indices.data_ptr(), weights.data_ptr(),
+                              scales.data_ptr() if scales is not None else 0, n, _shmem._stream_handle(stream, op))
+        self._pending = n
         self._settle((x, indices, weights, scales))
-        rows, k = self._rows, c.topk
-        tokens = self._view(addr[0], (rows, c.hidden_dim), self.dtype)
-        w = self._view(addr[1], (rows, k), torch.float32)
-        idx = self._view(addr[2], (rows, k), torch.int32)
-        s = self._view(addr[3], (rows, c.scale_dim), torch.float32) if c.scale_dim > 0 else None
+
+    def dispatch_recv(self, stream=None):
+        """The second half: waits (on the stream) for every PE's tokens; returns what dispatch returns."""
+        torch = _shmem._torch()
+        op, c = "mori.ep.dispatch_recv", self.config
+        addr = self._h.dispatch_recv(_shmem._stream_handle(stream, op))
+        self._num_tokens, self._pending = self._pending, None
+        self._settle(self._keep)
+        lead = (c.num_experts_per_rank, self._rows) if self._grouped else (self._rows,)
+        k = c.topk
+        tokens = self._view(addr[0], lead + (c.hidden_dim,), self.dtype)
+        w = self._view(addr[1], lead + (k,), torch.float32)
+        idx = self._view(addr[2], lead + (k,), torch.int32)
+        s = self._view(addr[3], lead + (c.scale_dim,), torch.float32) if c.scale_dim > 0 else None
         total = self._view(addr[4], (1,), torch.int32)
-        self.src_token_pos = self._view(addr[5], (rows,), torch.int32)
+        self.src_token_pos = self._view(addr[5], lead, torch.int32)
         self.expert_counts = self._view(addr[6], (c.num_experts_per_rank,), torch.int32)
         return tokens, w, idx, s, total
 
-    def combine(self, expert_out, stream=None, out=None):
-        """expert_out [rows >= total_recv, hidden] of combine_dtype in the received order -> [n, hidden]: per
-        token, the sum over the PEs it went to of (its weights for that PE's experts) * that PE's row."""
-        torch = _shmem._torch()
-        op, c = "mori.ep.combine", self.config
+    def _expert_out(self, expert_out, op):
+        c = self.config
         if self._num_tokens is None:
             raise MoriError(f"{op}: combine without a dispatch before it")
-        rows = expert_out.shape[0] if expert_out.dim() == 2 else -1
-        self._check(expert_out, "expert_out", self.combine_dtype, (rows, c.hidden_dim), op)
+        if self._grouped:
+            shape = (c.num_experts_per_rank, self._rows, c.hidden_dim)
+        else:
+            shape = (expert_out.shape[0] if expert_out.dim() == 2 else -1, c.hidden_dim)
+        self._check(expert_out, "expert_out", self.combine_dtype, shape, op)
+
+    def combine(self, expert_out, stream=None, out=None):
+        """expert_out [rows >= total_recv, hidden] of combine_dtype in the received order (LowLatency: the
+        grouped [num_experts_per_rank, world * max_tokens_per_rank, hidden]) -> [n, hidden]: per token, the
+        sum over the PEs it went to of (its weights for that PE's experts) * that PE's row (LowLatency: of
+        each expert's row times the token's weight for it)."""
+        torch = _shmem._torch()
+        op, c = "mori.ep.combine", self.config
+        self._expert_out(expert_out, op)
         if out is None:
             out = torch.empty((self._num_tokens, c.hidden_dim), dtype=self.combine_dtype, device=self._device())
         self._check(out, "out", self.combine_dtype, (self._num_tokens, c.hidden_dim), op)
         self._h.combine(expert_out.data_ptr(), out.data_ptr(), _shmem._stream_handle(stream, op))
         self._settle((expert_out, out))
+        return out
+
+    def combine_send(self, expert_out, stream=None):
+        """The first half of combine: this PE's expert outputs go back to their sources."""
+        op = "mori.ep.combine_send"
+        self._expert_out(expert_out, op)
+        self._h.combine_send(expert_out.data_ptr(), _shmem._stream_handle(stream, op))
+        self._settle((expert_out,))
+
+    def combine_recv(self, stream=None, out=None):
+        """The second half: waits for every PE's rows and returns the [n, hidden] output."""
+        torch = _shmem._torch()
+        op, c = "mori.ep.combine_recv", self.config
+        if self._num_tokens is None:
+            raise MoriError(f"{op}: combine_recv without a dispatch before it")
+        if out is None:
+            out = torch.empty((self._num_tokens, c.hidden_dim), dtype=self.combine_dtype, device=self._device())
+        self._check(out, "out", self.combine_dtype, (self._num_tokens, c.hidden_dim), op)
+        self._h.combine_recv(out.data_ptr(), _shmem._stream_handle(stream, op))
+        self._settle(tuple(self._keep or ()) + (out,))
         return out
 
     def _settle(self, tensors):

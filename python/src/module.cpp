@@ -360,17 +360,35 @@ class EpHandle {
     return *handle_;
   }
 
-  // (tokens, weights, indices, scales, total, srcTokenPos, expertCounts) as addresses (0 for no scales).
+  // (tokens, weights, indices, scales, total, srcTokenPos, expertCounts, expertStride) as addresses (0 for
+  // no scales) and the stride.
+  static std::vector<uintptr_t> Addresses(const ep::EpDispatchResult& r) {
+    auto a = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    return {a(r.tokens),      a(r.weights),      a(r.indices),
+            a(r.scales),      a(r.totalRecv),    a(r.srcTokenPos),
+            a(r.expertCounts), static_cast<uintptr_t>(r.expertStride)};
+  }
+
   std::vector<uintptr_t> Dispatch(uintptr_t input, uintptr_t indices, uintptr_t weights, uintptr_t scales,
                                   int numTokens, uintptr_t stream) {
+    DispatchSend(input, indices, weights, scales, numTokens, stream);
+    return DispatchRecv(stream);
+  }
+
+  void DispatchSend(uintptr_t input, uintptr_t indices, uintptr_t weights, uintptr_t scales, int numTokens,
+                    uintptr_t stream) {
     auto& h = Get("mori.ep.dispatch");
-    ep::EpDispatchResult r = EpCall("mori.ep.dispatch", [&] {
-      return h.Dispatch(reinterpret_cast<const void*>(input), reinterpret_cast<const int32_t*>(indices),
-                        reinterpret_cast<const float*>(weights), reinterpret_cast<const float*>(scales), numTokens,
-                        reinterpret_cast<core::GpuStream>(stream));
+    EpCall("mori.ep.dispatch", [&] {
+      h.DispatchSend(reinterpret_cast<const void*>(input), reinterpret_cast<const int32_t*>(indices),
+                     reinterpret_cast<const float*>(weights), reinterpret_cast<const float*>(scales), numTokens,
+                     reinterpret_cast<core::GpuStream>(stream));
     });
-    auto a = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
-    return {a(r.tokens), a(r.weights), a(r.indices), a(r.scales), a(r.totalRecv), a(r.srcTokenPos), a(r.expertCounts)};
+  }
+
+  std::vector<uintptr_t> DispatchRecv(uintptr_t stream) {
+    auto& h = Get("mori.ep.dispatch_recv");
+    return Addresses(
+        EpCall("mori.ep.dispatch_recv", [&] { return h.DispatchRecv(reinterpret_cast<core::GpuStream>(stream)); }));
   }
 
   void Combine(uintptr_t expertOutput, uintptr_t output, uintptr_t stream) {
@@ -379,6 +397,19 @@ class EpHandle {
       h.Combine(reinterpret_cast<const void*>(expertOutput), reinterpret_cast<void*>(output),
                 reinterpret_cast<core::GpuStream>(stream));
     });
+  }
+
+  void CombineSend(uintptr_t expertOutput, uintptr_t stream) {
+    auto& h = Get("mori.ep.combine_send");
+    EpCall("mori.ep.combine_send", [&] {
+      h.CombineSend(reinterpret_cast<const void*>(expertOutput), reinterpret_cast<core::GpuStream>(stream));
+    });
+  }
+
+  void CombineRecv(uintptr_t output, uintptr_t stream) {
+    auto& h = Get("mori.ep.combine_recv");
+    EpCall("mori.ep.combine_recv",
+           [&] { h.CombineRecv(reinterpret_cast<void*>(output), reinterpret_cast<core::GpuStream>(stream)); });
   }
 
   py::tuple Status(uintptr_t stream) {
@@ -478,6 +509,10 @@ PYBIND11_MODULE(_mori, m) {
            py::arg("scale_dim"), py::arg("kernel"), py::arg("blocks"), py::arg("warps_per_block"))
       .def("dispatch", &EpHandle::Dispatch)
       .def("combine", &EpHandle::Combine)
+      .def("dispatch_send", &EpHandle::DispatchSend)
+      .def("dispatch_recv", &EpHandle::DispatchRecv)
+      .def("combine_send", &EpHandle::CombineSend)
+      .def("combine_recv", &EpHandle::CombineRecv)
       .def("status", &EpHandle::Status)
       .def("combine_dtype", &EpHandle::CombineDtype)
       .def("close", &EpHandle::Close);

@@ -7,7 +7,7 @@
 // signal is ever reset and a stale one cannot pass for a new one. A count of kAborted says the sender found
 // bad input and sent nothing; every PE then skips the rest of the round.
 //
-// Kernels of one Dispatch, in stream order: Route (1 block: validates expert ids, numbers the slots), Send
+// LowLatency has kernels of its own (below). Kernels of one IntraNode or InterNode Dispatch, in stream order: Route (1 block: validates expert ids, numbers the slots), Send
 // (IntraNode: stores the messages straight into the peers' slots through ShmemPtr; InterNode: packs them per
 // destination in the local send buffer), Signal (IntraNode: a signal per destination; InterNode: one
 // put-with-signal per destination for its whole batch), Receive (waits for every source's signal, prefix
@@ -25,6 +25,7 @@
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
 #include "mori/core/logging.hpp"
+#include "mori/core/warp.hpp"
 #include "mori/shmem/shmem_api.hpp"
 #include "mori/shmem/shmem_device_api.hpp"
 
@@ -69,6 +70,7 @@ using shmem::SignalOp;
 constexpr uint32_t kAborted = 0xFFFFFFFFu;
 constexpr int kMaxWorld = 64;  // a token's destinations are a 64-bit mask
 constexpr int kMaxTopk = 16;
+constexpr int kStagedBlocks = 8;  // LowLatency: blocks whose warps put to PEs not reached by stores
 
 constexpr size_t Align16(size_t n) { return (n + 15) & ~size_t(15); }
 
@@ -86,6 +88,9 @@ struct Control {
   int32_t aborted;    // this PE skips the rest of the round
   int32_t staleFrom;  // 1 + a PE whose signal carried another round (0: none)
   uint32_t staleRound;
+  // LowLatency: blocks of the send kernels that finished (the last one signals), rows received (or -1).
+  uint32_t doneSend, doneCombine;
+  int32_t rows;
 };
 
 enum ErrorKind : int32_t { kNoError = 0, kBadExpert = 1, kAbortedElsewhere = 2, kStaleSignal = 3 };
@@ -167,9 +172,9 @@ struct Elem<DataType::Float16> {
 
 // ---- device helpers ----
 
-// The block copies `bytes` from src to dst: 16-byte words where both are 16-aligned, else bytes.
-MORI_DEVICE_INLINE void BlockCopy(void* dst, const void* src, size_t bytes) {
-  const unsigned tid = core::FlatThreadIdx(), nt = core::FlatBlockDim();
+// Threads `index` of `count` copy `bytes` from src to dst together: 16-byte words where both are 16-aligned,
+// else bytes.
+MORI_DEVICE_INLINE void StridedCopy(void* dst, const void* src, size_t bytes, unsigned index, unsigned count) {
   auto* d = static_cast<uint8_t*>(dst);
   auto* s = static_cast<const uint8_t*>(src);
   size_t done = 0;
@@ -177,10 +182,37 @@ MORI_DEVICE_INLINE void BlockCopy(void* dst, const void* src, size_t bytes) {
     const size_t words = bytes / 16;
     auto* dw = reinterpret_cast<Word16*>(d);
     auto* sw = reinterpret_cast<const Word16*>(s);
-    for (size_t i = tid; i < words; i += nt) dw[i] = sw[i];
+    for (size_t i = index; i < words; i += count) dw[i] = sw[i];
     done = words * 16;
   }
-  for (size_t i = done + tid; i < bytes; i += nt) d[i] = s[i];
+  for (size_t i = done + index; i < bytes; i += count) d[i] = s[i];
+}
+
+// The block, or the lanes of a warp, copy together.
+MORI_DEVICE_INLINE void BlockCopy(void* dst, const void* src, size_t bytes) {
+  StridedCopy(dst, src, bytes, core::FlatThreadIdx(), core::FlatBlockDim());
+}
+MORI_DEVICE_INLINE void WarpCopy(void* dst, const void* src, size_t bytes) {
+  StridedCopy(dst, src, bytes, core::LaneId(), MORI_WARP_SIZE);
+}
+
+// Block-wide inclusive prefix sum of `flag` (Hillis-Steele in `scan`, blockDim ints of shared memory): returns
+// this thread's inclusive sum and the block's total in *total. Every thread of the block calls it; `scan` may
+// be rewritten once it returns.
+MORI_DEVICE_INLINE int BlockScan(int32_t* scan, int flag, int* total) {
+  const int tid = static_cast<int>(core::FlatThreadIdx()), nt = static_cast<int>(core::FlatBlockDim());
+  scan[tid] = flag;
+  core::SyncThreads();
+  for (int step = 1; step < nt; step <<= 1) {
+    const int add = tid >= step ? scan[tid - step] : 0;
+    core::SyncThreads();
+    scan[tid] += add;
+    core::SyncThreads();
+  }
+  const int mine = scan[tid];
+  *total = scan[nt - 1];
+  core::SyncThreads();
+  return mine;
 }
 
 // Row i of the flat result comes from source *s, its slot *j there.
@@ -244,17 +276,10 @@ MORI_GLOBAL void RouteSlotKernel(RouteArgs a) {
   for (int base = 0; base < a.numTokens; base += nt) {
     const int t = base + tid;
     const int flag = t < a.numTokens ? static_cast<int>((a.masks[t] >> d) & 1) : 0;
-    scan[tid] = flag;
-    core::SyncThreads();
-    for (int step = 1; step < nt; step <<= 1) {  // inclusive scan (Hillis-Steele)
-      const int add = tid >= step ? scan[tid - step] : 0;
-      core::SyncThreads();
-      scan[tid] += add;
-      core::SyncThreads();
-    }
-    if (t < a.numTokens) a.slotOf[static_cast<size_t>(t) * a.world + d] = flag ? running + scan[tid] - 1 : -1;
-    running += scan[nt - 1];
-    core::SyncThreads();  // scan is rewritten by the next chunk
+    int total = 0;
+    const int incl = BlockScan(scan, flag, &total);
+    if (t < a.numTokens) a.slotOf[static_cast<size_t>(t) * a.world + d] = flag ? running + incl - 1 : -1;
+    running += total;
   }
   if (tid == 0) a.sendCount[d] = running;
 }
@@ -460,6 +485,38 @@ struct ReduceArgs {
   const Control* ctl;
 };
 
+// acc += w * the unit of `row` at element `first`: kVec elements in one 16-byte load, or one element.
+template <DataType T>
+MORI_DEVICE_INLINE void AddScaled(float* acc, const typename Elem<T>::Storage* row, size_t first, float w,
+                                  bool vectors) {
+  using S = typename Elem<T>::Storage;
+  constexpr int kVec = 16 / sizeof(S);
+  if (vectors) {
+    const Word16 v = *reinterpret_cast<const Word16*>(row + first);
+    S e[kVec];
+    memcpy(e, &v, sizeof(v));
+    for (int i = 0; i < kVec; ++i) acc[i] += w * Elem<T>::Load(e, i);
+  } else {
+    acc[0] += w * Elem<T>::Load(row, first);
+  }
+}
+
+// Stores the unit at element `first` of out: one 16-byte store, or one element.
+template <DataType T>
+MORI_DEVICE_INLINE void StoreUnit(typename Elem<T>::Storage* out, size_t first, const float* acc, bool vectors) {
+  using S = typename Elem<T>::Storage;
+  constexpr int kVec = 16 / sizeof(S);
+  if (vectors) {
+    S e[kVec];
+    for (int i = 0; i < kVec; ++i) Elem<T>::Store(e, i, acc[i]);
+    Word16 v;
+    memcpy(&v, e, sizeof(v));
+    *reinterpret_cast<Word16*>(out + first) = v;
+  } else {
+    Elem<T>::Store(out, first, acc[0]);
+  }
+}
+
 // Per token, each thread sums a 16-byte vector of elements over the PEs the token went to (4 fp32 or 8
 // bf16/fp16 per load) when rows are whole vectors, else one element at a time.
 template <DataType T>
@@ -476,34 +533,315 @@ MORI_GLOBAL void ReduceKernel(ReduceArgs a) {
     const float* ws = a.weightSum + static_cast<size_t>(t) * a.world;
     for (int u = static_cast<int>(core::FlatThreadIdx()); u < units; u += static_cast<int>(core::FlatBlockDim())) {
       float acc[kVec] = {};
-      const int lanes = vectors ? kVec : 1;
       const size_t first = vectors ? static_cast<size_t>(u) * kVec : static_cast<size_t>(u);
       for (int d = 0; d < a.world; ++d) {
         const int j = slots[d];
         if (j < 0) continue;
         const auto* row = reinterpret_cast<const S*>(
             a.combRecv + (static_cast<size_t>(d) * a.maxTokens + j) * a.lay.rowBytes);
-        const float w = ws[d];
-        if (vectors) {
-          const Word16 v = *reinterpret_cast<const Word16*>(row + first);  // one 16-byte load
-          S e[kVec];
-          memcpy(e, &v, sizeof(v));
-          for (int i = 0; i < kVec; ++i) acc[i] += w * E::Load(e, i);
-        } else {
-          acc[0] += w * E::Load(row, first);
-        }
+        AddScaled<T>(acc, row, first, ws[d], vectors);
       }
-      if (vectors) {
-        S e[kVec];
-        for (int i = 0; i < kVec; ++i) E::Store(e, i, acc[i]);
-        Word16 v;
-        memcpy(&v, e, sizeof(v));
-        *reinterpret_cast<Word16*>(out + first) = v;  // one 16-byte store
-      } else {
-        for (int i = 0; i < lanes; ++i) E::Store(out, first + i, acc[i]);
-      }
+      StoreUnit<T>(out, first, acc, vectors);
     }
   }
+}
+
+// ---- LowLatency ----
+//
+// Source s's token t goes to slot [s][t] of every PE that holds one of its experts: the message header holds
+// the position and the round's low 32 bits, so a receiver tells this round's messages from the stale ones in
+// the slots of tokens that went elsewhere. The send kernels end with a count of finished blocks in the
+// control block; the last block signals every PE (round << 32 | the sender's token count, or kAborted).
+
+struct LlDispatchArgs {
+  const uint8_t* input;
+  const int32_t* indices;
+  const float* weights;
+  const float* scales;
+  int numTokens, topk, scaleDim, world, rank, maxTokens, expertsPerRank;
+  unsigned blocksPerPe;
+  Layout lay;
+  uint8_t* recvBuf;   // symmetric [W][M] messages
+  uint8_t* sendBuf;   // symmetric [W][M] staging for PEs not reached by stores
+  int32_t* slotOf;    // [M * W]: t where token t went to PE d, else -1 (the combine's reduce reads it)
+  float* weightSum;   // [M * W]: 1 (LowLatency rows come back weighted)
+  uint64_t* sig;      // symmetric: this PE's dispatch signal word
+  uint64_t round;
+  Control* ctl;
+};
+
+// The destinations of token t (ids already validated).
+MORI_DEVICE_INLINE uint64_t DestMask(const int32_t* indices, int t, int topk, int expertsPerRank) {
+  uint64_t mask = 0;
+  for (int k = 0; k < topk; ++k) mask |= uint64_t(1) << (indices[static_cast<size_t>(t) * topk + k] / expertsPerRank);
+  return mask;
+}
+
+// Counts this block as finished (after its stores and puts are complete: `fenced` says which) and, in the
+// last block of the grid, signals every PE. Shared: one int.
+MORI_DEVICE_INLINE void FinishAndSignal(uint32_t* done, int32_t* lastFlag, uint64_t* sig, uint64_t round, int world,
+                                        const int32_t* counts, int32_t count, bool aborted) {
+  core::SyncThreads();
+  if (core::FlatThreadIdx() == 0) {
+    // Stores into peers (direct) are made visible before the count; quieted puts are complete already. The
+    // release is cumulative: it covers the block's other threads through the barrier above.
+    core::AtomicFence<core::MemoryOrder::Release, core::Scope::System>();
+    const uint32_t old = core::AtomicFetchAdd<core::MemoryOrder::AcqRel, core::Scope::Device>(done, 1u);
+    *lastFlag = old + 1 == core::FlatGridDim() ? 1 : 0;
+  }
+  core::SyncThreads();
+  const int d = static_cast<int>(core::FlatThreadIdx());
+  if (*lastFlag != 0 && d < world) {
+    const int32_t n = counts != nullptr ? core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::Device>(&counts[d])
+                                        : count;
+    const uint32_t c = aborted ? kAborted : static_cast<uint32_t>(n);
+    shmem::ShmemSignalOpThread(sig, (round << 32) | c, SignalOp::Set, d);
+  }
+}
+
+// Block (d, b) of W x blocksPerPe: validates every token (each block, so that all agree to send nothing if
+// one id is bad), then its warps write the messages of the tokens for PE d whose position is theirs, into
+// d's slots by stores or, for a PE reached over RDMA or the proxy, staged and put by the warp.
+// Shared: 2 ints.
+MORI_GLOBAL void LlDispatchSendKernel(LlDispatchArgs a) {
+  const int tid = static_cast<int>(core::FlatThreadIdx()), nt = static_cast<int>(core::FlatBlockDim());
+  const int d = static_cast<int>(core::FlatBlockIdx() / a.blocksPerPe);
+  const int b = static_cast<int>(core::FlatBlockIdx() % a.blocksPerPe);
+  int32_t* flags = core::DynamicSharedMemory<int32_t>();  // [0]: a bad id seen, [1]: last block
+  if (tid == 0) flags[0] = 0;
+  core::SyncThreads();
+  const int experts = a.expertsPerRank * a.world;
+  for (int i = tid; i < a.numTokens * a.topk; i += nt) {
+    const int e = a.indices[i];
+    if (e < 0 || e >= experts) {
+      RecordError(a.ctl, kBadExpert, i / a.topk, i % a.topk, e);
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&flags[0], int32_t(1));
+    }
+  }
+  core::SyncThreads();
+  const bool bad = core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::Device>(&flags[0]) != 0;
+  if (!bad) {
+    if (b == 0) {  // the reduce's view of where each token went
+      for (int t = tid; t < a.numTokens; t += nt) {
+        const bool to = (DestMask(a.indices, t, a.topk, a.expertsPerRank) >> d) & 1;
+        a.slotOf[static_cast<size_t>(t) * a.world + d] = to ? t : -1;
+        a.weightSum[static_cast<size_t>(t) * a.world + d] = 1.0f;
+      }
+    }
+    const size_t slotOff = static_cast<size_t>(a.rank) * a.maxTokens;  // this PE's slots on d, [rank][t]
+    const bool direct = shmem::ShmemPtr(a.recvBuf, d) != nullptr;
+    const int warps = nt / MORI_WARP_SIZE > 0 ? nt / MORI_WARP_SIZE : 1;
+    // Puts go to the NIC or the proxy from the warps of at most kStagedBlocks blocks: every warp that puts
+    // waits in a quiet, and thousands of warps polling the proxy's host memory at once starved its copies.
+    const int perPe = static_cast<int>(a.blocksPerPe);
+    const int active = direct || perPe < kStagedBlocks ? perPe : kStagedBlocks;
+    const int gw = b * warps + static_cast<int>(core::WarpId()), allWarps = active * warps;
+    bool put = false;
+    for (int t = b < active ? gw : a.numTokens; t < a.numTokens; t += allWarps) {
+      if (((DestMask(a.indices, t, a.topk, a.expertsPerRank) >> d) & 1) == 0) continue;
+      uint8_t* remote = a.recvBuf + (slotOff + t) * a.lay.msgBytes;
+      uint8_t* msg = direct ? static_cast<uint8_t*>(shmem::ShmemPtr(remote, d))
+                            : a.sendBuf + (static_cast<size_t>(d) * a.maxTokens + t) * a.lay.msgBytes;
+      if (core::LaneId() == 0) {
+        reinterpret_cast<int32_t*>(msg)[0] = t;
+        reinterpret_cast<uint32_t*>(msg)[1] = static_cast<uint32_t>(a.round);
+      }
+      WarpCopy(msg + 16, a.input + static_cast<size_t>(t) * a.lay.tokenBytes, a.lay.tokenBytes);
+      if (a.scaleDim > 0) {
+        WarpCopy(msg + a.lay.scaleOff, a.scales + static_cast<size_t>(t) * a.scaleDim, a.scaleDim * sizeof(float));
+      }
+      WarpCopy(msg + a.lay.indexOff, a.indices + static_cast<size_t>(t) * a.topk, a.topk * sizeof(int32_t));
+      WarpCopy(msg + a.lay.weightOff, a.weights + static_cast<size_t>(t) * a.topk, a.topk * sizeof(float));
+      if (!direct) {
+        shmem::ShmemPutMemNbiWarp(remote, msg, a.lay.msgBytes, d);
+        put = true;
+      }
+    }
+    if (put && core::LaneId() == 0) shmem::ShmemQuietThread();  // the warp's puts are complete at d
+  }
+  FinishAndSignal(&a.ctl->doneSend, &flags[1], a.sig, a.round, a.world, nullptr, a.numTokens, bad);
+}
+
+struct LlRecvArgs {
+  const uint8_t* recvBuf;
+  uint64_t* sig;  // this PE's dispatch signal words, one per source
+  uint64_t round;
+  int world, rank, maxTokens, topk, scaleDim, expertsPerRank;
+  Layout lay;
+  int32_t* counts;  // [W]: tokens each source had
+  uint8_t* tokens;
+  float* weights;
+  int32_t* indices;
+  float* scales;
+  int32_t* srcTokenPos;
+  int32_t* expertCounts;
+  int32_t* rowOf;  // [W * M * K]: the grouped row of (source, position, k) for local experts
+  Control* ctl;
+};
+
+// Every block waits for every source's signal; then each warp takes local experts (strided over the grid)
+// and gathers this round's messages naming its expert into the expert's rows, in (source, position) order:
+// a ballot over 32 (64) positions at a time, then the whole warp copies each hit. No block barrier in the
+// loop. Shared: kMaxWorld + 2 ints.
+MORI_GLOBAL void LlDispatchRecvKernel(LlRecvArgs a) {
+  const int tid = static_cast<int>(core::FlatThreadIdx()), nt = static_cast<int>(core::FlatBlockDim());
+  int32_t* cnt = core::DynamicSharedMemory<int32_t>();
+  int32_t* state = cnt + kMaxWorld;  // [0]: 1 + a PE with a stale signal, [1]: 1 + a PE that aborted
+  if (tid < 2) state[tid] = 0;
+  core::SyncThreads();
+  if (tid < a.world) {
+    const uint64_t v = shmem::ShmemSignalWaitUntil(a.sig + tid, CmpOp::GE, a.round << 32);
+    const auto count = static_cast<uint32_t>(v);
+    cnt[tid] = 0;
+    if ((v >> 32) != (a.round & 0xFFFFFFFFu) || (count != kAborted && count > static_cast<uint32_t>(a.maxTokens))) {
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&state[0], int32_t(tid + 1));
+      if (core::FlatBlockIdx() == 0) {
+        core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&a.ctl->staleRound,
+                                                                            static_cast<uint32_t>(v >> 32));
+      }
+    } else if (count == kAborted) {
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&state[1], int32_t(tid + 1));
+    } else {
+      cnt[tid] = static_cast<int32_t>(count);
+    }
+  }
+  core::SyncThreads();
+  // Every block sees the same signals, so all agree on whether the round is aborted.
+  const int32_t error = core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::Device>(&a.ctl->error);
+  const bool aborted = error != kNoError || state[0] != 0 || state[1] != 0;
+  if (core::FlatBlockIdx() == 0 && tid == 0) {
+    for (int s = 0; s < a.world; ++s) a.counts[s] = cnt[s];
+    if (aborted) {
+      if (state[0] != 0) a.ctl->staleFrom = state[0];
+      if (state[1] != 0) a.ctl->abortedBy = state[1];
+      a.ctl->aborted = 1;
+      if (error == kNoError) {
+        core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(
+            &a.ctl->error, int32_t(state[0] != 0 ? kStaleSignal : kAbortedElsewhere));
+      }
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&a.ctl->rows, int32_t(-1));
+    }
+  }
+  const size_t stride = static_cast<size_t>(a.world) * a.maxTokens;
+  const int warps = nt / MORI_WARP_SIZE > 0 ? nt / MORI_WARP_SIZE : 1;
+  const int lane = static_cast<int>(core::LaneId());
+  const core::LaneMask lanes = core::ActiveLanes();
+  for (int e = static_cast<int>(core::FlatBlockIdx()) * warps + static_cast<int>(core::WarpId()); e < a.expertsPerRank;
+       e += static_cast<int>(core::FlatGridDim()) * warps) {
+    if (aborted) {
+      if (lane == 0) a.expertCounts[e] = 0;
+      continue;
+    }
+    const int g = a.rank * a.expertsPerRank + e;
+    int running = 0;
+    for (int s = 0; s < a.world; ++s) {
+      for (int base = 0; base < cnt[s]; base += MORI_WARP_SIZE) {
+        const int t = base + lane;
+        bool flag = false;
+        if (t < cnt[s]) {
+          const uint8_t* msg = a.recvBuf + (static_cast<size_t>(s) * a.maxTokens + t) * a.lay.msgBytes;
+          if (reinterpret_cast<const uint32_t*>(msg)[1] == static_cast<uint32_t>(a.round)) {
+            const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
+            for (int k = 0; k < a.topk; ++k) flag |= idx[k] == g;
+          }
+        }
+        for (core::LaneMask hits = core::Ballot(lanes, flag); hits != 0; hits &= hits - 1) {
+          const int pos = base + static_cast<int>(core::LowestLane(hits));
+          const size_t slot = static_cast<size_t>(s) * a.maxTokens + pos;
+          const uint8_t* msg = a.recvBuf + slot * a.lay.msgBytes;
+          const size_t row = e * stride + running++;
+          WarpCopy(a.tokens + row * a.lay.tokenBytes, msg + 16, a.lay.tokenBytes);
+          if (a.scaleDim > 0) {
+            WarpCopy(a.scales + row * a.scaleDim, msg + a.lay.scaleOff, a.scaleDim * sizeof(float));
+          }
+          WarpCopy(a.indices + row * a.topk, msg + a.lay.indexOff, a.topk * sizeof(int32_t));
+          WarpCopy(a.weights + row * a.topk, msg + a.lay.weightOff, a.topk * sizeof(float));
+          if (lane == 0) {
+            a.srcTokenPos[row] = s * a.maxTokens + pos;
+            const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
+            for (int k = 0; k < a.topk; ++k) {
+              if (idx[k] == g) a.rowOf[slot * a.topk + k] = static_cast<int32_t>(row);
+            }
+          }
+        }
+      }
+    }
+    if (lane == 0) {
+      a.expertCounts[e] = running;
+      core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(&a.ctl->rows, int32_t(running));
+    }
+  }
+}
+
+struct LlCombineArgs {
+  const uint8_t* expertOutput;  // [E * W * M] rows of rowDataBytes
+  const uint8_t* recvBuf;
+  const int32_t* counts;        // [W]: tokens each source had
+  const int32_t* rowOf;
+  int world, rank, maxTokens, topk, expertsPerRank, hidden;
+  Layout lay;
+  uint8_t* combRecv;  // symmetric [W][M] rows: PE d's weighted sum for token t at [d][t]
+  uint8_t* combSend;  // symmetric [W][M] staging
+  uint64_t* sig;      // symmetric: this PE's combine signal word
+  uint64_t round;
+  Control* ctl;
+};
+
+// Warp per received message: the weighted sum of its local experts' output rows (fp32, 16-byte vectors when
+// rows are whole vectors) goes back into the source's slot [rank][t], by stores or staged and put.
+template <DataType T>
+MORI_GLOBAL void LlCombineSendKernel(LlCombineArgs a) {
+  using E = Elem<T>;
+  using S = typename E::Storage;
+  constexpr int kVec = 16 / sizeof(S);
+  int32_t* flags = core::DynamicSharedMemory<int32_t>();
+  const bool aborted = a.ctl->aborted != 0;
+  if (!aborted) {
+    const bool vectors = a.hidden % kVec == 0;
+    const int units = vectors ? a.hidden / kVec : a.hidden;
+    const int nt = static_cast<int>(core::FlatBlockDim());
+    const int warps = nt / MORI_WARP_SIZE > 0 ? nt / MORI_WARP_SIZE : 1;
+    const int gw = static_cast<int>(core::FlatBlockIdx()) * warps + static_cast<int>(core::WarpId());
+    const int allWarps = static_cast<int>(core::FlatGridDim()) * warps;
+    // Rows for PEs reached by stores: every warp; rows to put: the warps of the first kStagedBlocks blocks
+    // (see LlDispatchSendKernel).
+    const int grid = static_cast<int>(core::FlatGridDim());
+    const int stagedWarps = (grid < kStagedBlocks ? grid : kStagedBlocks) * warps;
+    bool put = false;
+    for (int pass = 0; pass < 2; ++pass) {
+      const int start = pass == 0 ? gw : (gw < stagedWarps ? gw : a.world * a.maxTokens);
+      for (int q = start; q < a.world * a.maxTokens; q += pass == 0 ? allWarps : stagedWarps) {
+        const int s = q / a.maxTokens, t = q % a.maxTokens;
+        if (t >= a.counts[s]) continue;
+        if ((shmem::ShmemPtr(a.combRecv, s) != nullptr) != (pass == 0)) continue;
+        const uint8_t* msg = a.recvBuf + static_cast<size_t>(q) * a.lay.msgBytes;
+        if (reinterpret_cast<const uint32_t*>(msg)[1] != static_cast<uint32_t>(a.round)) continue;
+        const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
+        const auto* wts = reinterpret_cast<const float*>(msg + a.lay.weightOff);
+        uint8_t* remote = a.combRecv + (static_cast<size_t>(a.rank) * a.maxTokens + t) * a.lay.rowBytes;
+        const bool direct = shmem::ShmemPtr(a.combRecv, s) != nullptr;
+        auto* out = reinterpret_cast<S*>(direct ? static_cast<uint8_t*>(shmem::ShmemPtr(remote, s))
+                                                : a.combSend + static_cast<size_t>(q) * a.lay.rowBytes);
+        for (int u = static_cast<int>(core::LaneId()); u < units; u += MORI_WARP_SIZE) {
+          float acc[kVec] = {};
+          const size_t first = vectors ? static_cast<size_t>(u) * kVec : static_cast<size_t>(u);
+          for (int k = 0; k < a.topk; ++k) {
+            if (idx[k] / a.expertsPerRank != a.rank) continue;
+            const size_t r = static_cast<size_t>(a.rowOf[static_cast<size_t>(q) * a.topk + k]);
+            AddScaled<T>(acc, reinterpret_cast<const S*>(a.expertOutput + r * a.lay.rowDataBytes), first, wts[k],
+                         vectors);
+          }
+          StoreUnit<T>(out, first, acc, vectors);
+        }
+        if (!direct) {
+          shmem::ShmemPutMemNbiWarp(remote, out, a.lay.rowDataBytes, s);
+          put = true;
+        }
+      }
+    }
+    if (put && core::LaneId() == 0) shmem::ShmemQuietThread();
+  }
+  FinishAndSignal(&a.ctl->doneCombine, &flags[0], a.sig, a.round, a.world, a.counts, 0, aborted);
 }
 
 void CheckLaunch(const char* what) {
@@ -530,9 +868,11 @@ struct EpDispatchCombineHandle::Impl {
   uint8_t* combSend = nullptr;  // InterNode: rows staged for the NIC or proxy, which read only the heap
   // Local.
   core::GpuBuffer masks, slotOf, weightSum, counts, tokens, weights, indices, scales, srcTokenPos, expertCounts, ctl;
+  core::GpuBuffer rowOf;  // LowLatency: [W * M * K] grouped row of each received (source, position, k)
   uint64_t round = 0;
   int numTokens = 0;
-  bool dispatched = false;
+  // Where the round is: the calls go DispatchSend, DispatchRecv, CombineSend, CombineRecv, DispatchSend...
+  enum class Phase { Idle, DispatchSent, Dispatched, CombineSent } phase = Phase::Idle;
 
   int32_t* Counts(int which) const { return counts.DataAs<int32_t>() + which * world; }
   // counts: [0] send, [1] receive, [2] offsets, [3] [4] scratch of the combine wait, then the total
@@ -560,8 +900,9 @@ void ValidateConfig(const EpDispatchCombineConfig& c) {
              static_cast<int>(c.dtype));
   MORI_CHECK(c.blocks >= 0 && c.warpsPerBlock >= 0, ErrorCode::InvalidUsage,
              "blocks %d and warpsPerBlock %d must not be negative", c.blocks, c.warpsPerBlock);
-  MORI_CHECK(c.kernel == EpKernelType::IntraNode || c.kernel == EpKernelType::InterNode, ErrorCode::NotSupported,
-             "kernel type %s is not implemented yet (IntraNode and InterNode are)", EpKernelTypeName(c.kernel));
+  MORI_CHECK(c.kernel == EpKernelType::IntraNode || c.kernel == EpKernelType::InterNode ||
+                 c.kernel == EpKernelType::LowLatency,
+             ErrorCode::InvalidUsage, "kernel type %d is not an EpKernelType", static_cast<int>(c.kernel));
   MORI_CHECK(static_cast<size_t>(c.maxTokensPerRank) * c.worldSize < (size_t(1) << 31), ErrorCode::InvalidUsage,
              "maxTokensPerRank %d x worldSize %d rows do not fit in int32", c.maxTokensPerRank, c.worldSize);
 }
@@ -621,7 +962,10 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
                bytes, what, shmem::ShmemHeapBytes());
     return static_cast<uint8_t*>(p);
   };
-  const bool staged = config.kernel == EpKernelType::InterNode;
+  // LowLatency stages for the PEs it does not reach by stores, whichever they are on each PE: every PE
+  // allocates the staging (the heap stays symmetric).
+  const bool ll = config.kernel == EpKernelType::LowLatency;
+  const bool staged = config.kernel == EpKernelType::InterNode || ll;
   try {
     m.recvBuf = alloc(W * M * l.msgBytes, "dispatch receive buffer");
     if (staged) m.sendBuf = alloc(W * M * l.msgBytes, "dispatch send buffer");
@@ -636,22 +980,30 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
     }
     throw;
   }
+  // LowLatency tells this round's messages by the round in their headers: slots that held another handle's
+  // messages (the heap is reused) must not pass for this one's.
+  if (ll) MORI_CHECK_GPU(core::GpuMemset(m.recvBuf, 0, W * M * l.msgBytes));
   m.masks = core::GpuBuffer(M * sizeof(uint64_t));
   m.slotOf = core::GpuBuffer(M * W * sizeof(int32_t));
   m.weightSum = core::GpuBuffer(M * W * sizeof(float));
   m.counts = core::GpuBuffer((5 * W + 1) * sizeof(int32_t));
-  m.tokens = core::GpuBuffer(std::max<size_t>(W * M * l.tokenBytes, 16));
-  m.weights = core::GpuBuffer(W * M * K * sizeof(float));
-  m.indices = core::GpuBuffer(W * M * K * sizeof(int32_t));
-  if (S > 0) m.scales = core::GpuBuffer(W * M * S * sizeof(float));
-  m.srcTokenPos = core::GpuBuffer(W * M * sizeof(int32_t));
+  // Result rows: W * M flat, or numExpertsPerRank groups of W * M (LowLatency).
+  const size_t rows = W * M * (ll ? static_cast<size_t>(config.numExpertsPerRank) : 1);
+  m.tokens = core::GpuBuffer(std::max<size_t>(rows * l.tokenBytes, 16));
+  m.weights = core::GpuBuffer(rows * K * sizeof(float));
+  m.indices = core::GpuBuffer(rows * K * sizeof(int32_t));
+  if (S > 0) m.scales = core::GpuBuffer(rows * S * sizeof(float));
+  m.srcTokenPos = core::GpuBuffer(rows * sizeof(int32_t));
+  if (ll) m.rowOf = core::GpuBuffer(W * M * K * sizeof(int32_t));
   m.expertCounts = core::GpuBuffer(config.numExpertsPerRank * sizeof(int32_t));
   m.ctl = core::GpuBuffer(sizeof(Control));
   MORI_CHECK_GPU(core::GpuMemset(m.ctl.Data(), 0, sizeof(Control)));
   MORI_CHECK_GPU(core::GpuMemset(m.counts.Data(), 0, m.counts.Bytes()));
   core::PreloadKernels(RouteMaskKernel, RouteSlotKernel, DispatchSendKernel, SignalKernel, ReceiveKernel,
                        UnpackKernel, CombineSendKernel, ReduceKernel<DataType::Float32>,
-                       ReduceKernel<DataType::BFloat16>, ReduceKernel<DataType::Float16>);
+                       ReduceKernel<DataType::BFloat16>, ReduceKernel<DataType::Float16>, LlDispatchSendKernel,
+                       LlDispatchRecvKernel, LlCombineSendKernel<DataType::Float32>,
+                       LlCombineSendKernel<DataType::BFloat16>, LlCombineSendKernel<DataType::Float16>);
   shmem::ShmemBarrierAll();
 }
 
@@ -680,11 +1032,17 @@ EpDispatchResult EpDispatchCombineHandle::Dispatch(const void* input, DataType d
 
 EpDispatchResult EpDispatchCombineHandle::Dispatch(const void* input, const int32_t* indices, const float* weights,
                                                    const float* scales, int numTokens, GpuStream stream) {
+  DispatchSend(input, indices, weights, scales, numTokens, stream);
+  return DispatchRecv(stream);
+}
+
+void EpDispatchCombineHandle::DispatchSend(const void* input, const int32_t* indices, const float* weights,
+                                           const float* scales, int numTokens, GpuStream stream) {
   Impl& m = *impl_;
   const EpDispatchCombineConfig& c = config_;
   MORI_CHECK(shmem::ShmemIsInitialized(), ErrorCode::InvalidUsage, "Dispatch after ShmemFinalize()");
-  MORI_CHECK(!m.dispatched, ErrorCode::InvalidUsage,
-             "Dispatch twice without a Combine between: peers may still read this round's buffers");
+  MORI_CHECK(m.phase == Impl::Phase::Idle, ErrorCode::InvalidUsage,
+             "Dispatch before the Combine of the previous round: peers may still read this round's buffers");
   MORI_CHECK(numTokens >= 0 && numTokens <= c.maxTokensPerRank, ErrorCode::InvalidUsage,
              "Dispatch: %d tokens, the handle takes 0..%d (maxTokensPerRank)", numTokens, c.maxTokensPerRank);
   if (numTokens > 0) {
@@ -701,9 +1059,19 @@ EpDispatchResult EpDispatchCombineHandle::Dispatch(const void* input, const int3
   ++m.round;
   m.numTokens = numTokens;
   const int W = c.worldSize;
-  const bool direct = c.kernel == EpKernelType::IntraNode;
-
   MORI_CHECK_GPU(core::GpuMemsetAsync(m.Ctl(), 0, sizeof(Control), stream));
+  m.phase = Impl::Phase::DispatchSent;
+
+  if (c.kernel == EpKernelType::LowLatency) {
+    const unsigned perPe = std::max(1u, m.blocks / static_cast<unsigned>(W));
+    LlDispatchArgs la{static_cast<const uint8_t*>(input), indices, weights, scales, numTokens, c.topk, c.scaleDim, W,
+                      c.rank, c.maxTokensPerRank, c.numExpertsPerRank, perPe, m.lay, m.recvBuf, m.sendBuf,
+                      m.slotOf.DataAs<int32_t>(), m.weightSum.DataAs<float>(), m.sigs + c.rank, m.round, m.Ctl()};
+    core::LaunchKernel(LlDispatchSendKernel, Dim3(perPe * W), Dim3(m.threads), 2 * sizeof(int32_t), stream, la);
+    CheckLaunch("low-latency dispatch send");
+    return;
+  }
+  const bool direct = c.kernel == EpKernelType::IntraNode;
   RouteArgs ra{indices, weights, numTokens, c.topk, c.numExpertsPerRank, W, m.masks.DataAs<uint64_t>(),
                m.slotOf.DataAs<int32_t>(), m.weightSum.DataAs<float>(), m.Counts(0), m.Ctl()};
   if (numTokens > 0) {
@@ -726,6 +1094,39 @@ EpDispatchResult EpDispatchCombineHandle::Dispatch(const void* input, const int3
   core::LaunchKernel(SignalKernel, Dim3(direct ? 1 : W), Dim3(direct ? std::max<unsigned>(W, 1) : m.threads), 0,
                      stream, sa);
   CheckLaunch("dispatch signal");
+}
+
+EpDispatchResult EpDispatchCombineHandle::DispatchRecv(GpuStream stream) {
+  Impl& m = *impl_;
+  const EpDispatchCombineConfig& c = config_;
+  MORI_CHECK(shmem::ShmemIsInitialized(), ErrorCode::InvalidUsage, "DispatchRecv after ShmemFinalize()");
+  MORI_CHECK(m.phase == Impl::Phase::DispatchSent, ErrorCode::InvalidUsage,
+             "DispatchRecv without a DispatchSend before it");
+  m.phase = Impl::Phase::Dispatched;
+  const int W = c.worldSize;
+  EpDispatchResult r{m.tokens.Data(),
+                     m.weights.DataAs<float>(),
+                     m.indices.DataAs<int32_t>(),
+                     c.scaleDim > 0 ? m.scales.DataAs<float>() : nullptr,
+                     m.Total(),
+                     m.srcTokenPos.DataAs<int32_t>(),
+                     m.expertCounts.DataAs<int32_t>()};
+  if (c.kernel == EpKernelType::LowLatency) {
+    LlRecvArgs la{m.recvBuf, m.sigs, m.round, W, c.rank, c.maxTokensPerRank, c.topk, c.scaleDim,
+                  c.numExpertsPerRank, m.lay, m.Counts(1), m.tokens.DataAs<uint8_t>(), m.weights.DataAs<float>(),
+                  m.indices.DataAs<int32_t>(), c.scaleDim > 0 ? m.scales.DataAs<float>() : nullptr,
+                  m.srcTokenPos.DataAs<int32_t>(), m.expertCounts.DataAs<int32_t>(), m.rowOf.DataAs<int32_t>(),
+                  m.Ctl()};
+    // A warp per local expert.
+    const unsigned warps = std::max(1u, m.routeThreads / MORI_WARP_SIZE);
+    const unsigned blocks = std::min<unsigned>(m.blocks, (c.numExpertsPerRank + warps - 1) / warps);
+    core::LaunchKernel(LlDispatchRecvKernel, Dim3(blocks), Dim3(m.routeThreads), (kMaxWorld + 2) * sizeof(int32_t),
+                       stream, la);
+    CheckLaunch("low-latency dispatch receive");
+    r.totalRecv = &m.Ctl()->rows;
+    r.expertStride = static_cast<int64_t>(W) * c.maxTokensPerRank;
+    return r;
+  }
   core::LaunchKernel(ReceiveKernel, Dim3(1), Dim3(m.routeThreads), 0, stream, m.sigs, m.round, W, m.Counts(1),
                      m.Counts(2), m.Total(), m.expertCounts.DataAs<int32_t>(), c.numExpertsPerRank, m.Ctl());
   CheckLaunch("dispatch receive");
@@ -735,27 +1136,37 @@ EpDispatchResult EpDispatchCombineHandle::Dispatch(const void* input, const int3
                 m.srcTokenPos.DataAs<int32_t>(), m.expertCounts.DataAs<int32_t>(), m.Ctl()};
   core::LaunchKernel(UnpackKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, ua);
   CheckLaunch("dispatch unpack");
-  m.dispatched = true;
-  return EpDispatchResult{m.tokens.Data(),
-                          m.weights.DataAs<float>(),
-                          m.indices.DataAs<int32_t>(),
-                          c.scaleDim > 0 ? m.scales.DataAs<float>() : nullptr,
-                          m.Total(),
-                          m.srcTokenPos.DataAs<int32_t>(),
-                          m.expertCounts.DataAs<int32_t>()};
+  return r;
 }
 
 void EpDispatchCombineHandle::Combine(const void* expertOutput, void* output, GpuStream stream) {
+  // Both pointers are checked before anything is queued.
+  MORI_CHECK(impl_->numTokens == 0 || (output != nullptr && Aligned16(output)), ErrorCode::InvalidUsage,
+             "Combine: output %p is null or not 16-byte aligned", output);
+  CombineSend(expertOutput, stream);
+  CombineRecv(output, stream);
+}
+
+void EpDispatchCombineHandle::CombineSend(const void* expertOutput, GpuStream stream) {
   Impl& m = *impl_;
   const EpDispatchCombineConfig& c = config_;
   MORI_CHECK(shmem::ShmemIsInitialized(), ErrorCode::InvalidUsage, "Combine after ShmemFinalize()");
-  MORI_CHECK(m.dispatched, ErrorCode::InvalidUsage, "Combine without a Dispatch before it");
+  MORI_CHECK(m.phase == Impl::Phase::Dispatched, ErrorCode::InvalidUsage, "Combine without a Dispatch before it");
   MORI_CHECK(expertOutput != nullptr && Aligned16(expertOutput), ErrorCode::InvalidUsage,
              "Combine: expertOutput %p is null or not 16-byte aligned", expertOutput);
-  MORI_CHECK(m.numTokens == 0 || (output != nullptr && Aligned16(output)), ErrorCode::InvalidUsage,
-             "Combine: output %p is null or not 16-byte aligned", output);
-  m.dispatched = false;
+  m.phase = Impl::Phase::CombineSent;
   const int W = c.worldSize;
+  if (c.kernel == EpKernelType::LowLatency) {
+    LlCombineArgs la{static_cast<const uint8_t*>(expertOutput), m.recvBuf, m.Counts(1), m.rowOf.DataAs<int32_t>(), W,
+                     c.rank, c.maxTokensPerRank, c.topk, c.numExpertsPerRank, c.hiddenDim, m.lay, m.combRecv,
+                     m.combSend, m.sigs + W + c.rank, m.round, m.Ctl()};
+    auto send = m.combineType == DataType::Float32    ? LlCombineSendKernel<DataType::Float32>
+                : m.combineType == DataType::BFloat16 ? LlCombineSendKernel<DataType::BFloat16>
+                                                      : LlCombineSendKernel<DataType::Float16>;
+    core::LaunchKernel(send, Dim3(m.blocks), Dim3(m.threads), sizeof(int32_t), stream, la);
+    CheckLaunch("low-latency combine send");
+    return;
+  }
   const bool direct = c.kernel == EpKernelType::IntraNode;
   CombineArgs ca{static_cast<const uint8_t*>(expertOutput), m.Counts(2), m.Counts(1), m.Total(), W, c.rank,
                  c.maxTokensPerRank, m.lay, m.combRecv, m.combSend, direct,
@@ -769,6 +1180,18 @@ void EpDispatchCombineHandle::Combine(const void* expertOutput, void* output, Gp
   core::LaunchKernel(SignalKernel, Dim3(direct ? 1 : W), Dim3(direct ? std::max<unsigned>(W, 1) : m.threads), 0,
                      stream, sa);
   CheckLaunch("combine signal");
+}
+
+void EpDispatchCombineHandle::CombineRecv(void* output, GpuStream stream) {
+  Impl& m = *impl_;
+  const EpDispatchCombineConfig& c = config_;
+  MORI_CHECK(shmem::ShmemIsInitialized(), ErrorCode::InvalidUsage, "CombineRecv after ShmemFinalize()");
+  MORI_CHECK(m.phase == Impl::Phase::CombineSent, ErrorCode::InvalidUsage,
+             "CombineRecv without a CombineSend before it");
+  MORI_CHECK(m.numTokens == 0 || (output != nullptr && Aligned16(output)), ErrorCode::InvalidUsage,
+             "Combine: output %p is null or not 16-byte aligned", output);
+  m.phase = Impl::Phase::Idle;
+  const int W = c.worldSize;
   // Waits for every PE's rows; its counts and offsets go to scratch so that the dispatch result stays intact.
   core::LaunchKernel(ReceiveKernel, Dim3(1), Dim3(m.routeThreads), 0, stream, m.sigs + W, m.round, W, m.Counts(3),
                      m.Counts(4), static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), 0, m.Ctl());

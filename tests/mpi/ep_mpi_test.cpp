@@ -197,13 +197,30 @@ void RunRound(EpDispatchCombineHandle& h, const Case& c, uint64_t round) {
   auto dIdx = ToDevice(mine.indices);
   auto dW = ToDevice(mine.weights);
   auto dS = ToDevice(mine.scales);
-  EpDispatchResult res = h.Dispatch(dTokens.Data(), g.dtype, dIdx.DataAs<int32_t>(), dW.DataAs<float>(),
-                                    S > 0 ? dS.DataAs<float>() : nullptr, mine.numTokens, nullptr);
+  // Odd rounds make the one-call Dispatch and Combine, even ones their two halves.
+  const bool split = round % 2 == 0;
+  EpDispatchResult res;
+  if (split) {
+    h.DispatchSend(dTokens.Data(), dIdx.DataAs<int32_t>(), dW.DataAs<float>(), S > 0 ? dS.DataAs<float>() : nullptr,
+                   mine.numTokens, nullptr);
+    res = h.DispatchRecv(nullptr);
+  } else {
+    res = h.Dispatch(dTokens.Data(), g.dtype, dIdx.DataAs<int32_t>(), dW.DataAs<float>(),
+                     S > 0 ? dS.DataAs<float>() : nullptr, mine.numTokens, nullptr);
+  }
   std::string msg;
   ASSERT_EQ(h.Status(nullptr, &msg), 0) << msg;
 
-  // The reference: rows in (source, position) order of tokens with an expert here.
-  std::vector<std::pair<int, int>> rows;
+  // The reference: (row, source, position). Flat: the tokens with an expert here in (source, position)
+  // order. LowLatency: per local expert e, the tokens naming it in that order, from row e * stride.
+  const bool ll = g.kernel == EpKernelType::LowLatency;
+  const int64_t stride = ll ? static_cast<int64_t>(W) * M : 0;
+  ASSERT_EQ(res.expertStride, stride);
+  struct Want {
+    int64_t row;
+    int s, t;
+  };
+  std::vector<Want> rows;
   std::vector<int32_t> wantExpert(E, 0);
   for (int s = 0; s < W; ++s) {
     for (int t = 0; t < all[s].numTokens; ++t) {
@@ -215,27 +232,43 @@ void RunRound(EpDispatchCombineHandle& h, const Case& c, uint64_t round) {
           ++wantExpert[e % E];
         }
       }
-      if (here) rows.emplace_back(s, t);
+      if (here && !ll) rows.push_back({static_cast<int64_t>(rows.size()), s, t});
+    }
+  }
+  if (ll) {  // a row per (token, expert) however often the token names the expert
+    for (int e = 0; e < E; ++e) {
+      int64_t r = 0;
+      for (int s = 0; s < W; ++s) {
+        for (int t = 0; t < all[s].numTokens; ++t) {
+          bool names = false;
+          for (int k = 0; k < K; ++k) names |= all[s].indices[static_cast<size_t>(t) * K + k] == me * E + e;
+          if (names) rows.push_back({e * stride + r++, s, t});
+        }
+      }
+      wantExpert[e] = static_cast<int32_t>(r);
     }
   }
   const int total = FromDevice<int32_t>(res.totalRecv, 1)[0];
   ASSERT_EQ(total, static_cast<int>(rows.size())) << "round " << round;
-  auto tokens = FromDevice<uint8_t>(res.tokens, total * tokenBytes);
-  auto idx = FromDevice<int32_t>(res.indices, static_cast<size_t>(total) * K);
-  auto wts = FromDevice<float>(res.weights, static_cast<size_t>(total) * K);
-  auto src = FromDevice<int32_t>(res.srcTokenPos, total);
+  // Every row the result can have (the grouped layout has gaps between the experts' rows).
+  const size_t span = ll ? static_cast<size_t>(E * stride) : static_cast<size_t>(total);
+  auto tokens = FromDevice<uint8_t>(res.tokens, span * tokenBytes);
+  auto idx = FromDevice<int32_t>(res.indices, span * K);
+  auto wts = FromDevice<float>(res.weights, span * K);
+  auto src = FromDevice<int32_t>(res.srcTokenPos, span);
   auto counts = FromDevice<int32_t>(res.expertCounts, E);
   std::vector<float> scl;
-  if (S > 0) scl = FromDevice<float>(res.scales, static_cast<size_t>(total) * S);
+  if (S > 0) scl = FromDevice<float>(res.scales, span * S);
   size_t bad = 0;
-  for (int i = 0; i < total && bad < 5; ++i) {
-    auto [s, t] = rows[i];
+  for (size_t n = 0; n < rows.size() && bad < 5; ++n) {
+    const size_t i = static_cast<size_t>(rows[n].row);
+    const int s = rows[n].s, t = rows[n].t;
     const Inputs& in = all[s];
     bad += src[i] != s * M + t;
     bad += std::memcmp(&tokens[i * tokenBytes], &in.tokens[t * tokenBytes], tokenBytes) != 0;
-    bad += std::memcmp(&idx[static_cast<size_t>(i) * K], &in.indices[static_cast<size_t>(t) * K], K * 4) != 0;
-    bad += std::memcmp(&wts[static_cast<size_t>(i) * K], &in.weights[static_cast<size_t>(t) * K], K * 4) != 0;
-    if (S > 0) bad += std::memcmp(&scl[static_cast<size_t>(i) * S], &in.scales[static_cast<size_t>(t) * S], S * 4) != 0;
+    bad += std::memcmp(&idx[i * K], &in.indices[static_cast<size_t>(t) * K], K * 4) != 0;
+    bad += std::memcmp(&wts[i * K], &in.weights[static_cast<size_t>(t) * K], K * 4) != 0;
+    if (S > 0) bad += std::memcmp(&scl[i * S], &in.scales[static_cast<size_t>(t) * S], S * 4) != 0;
     if (bad) ADD_FAILURE() << "round " << round << " PE " << me << " row " << i << ": want source " << s << " token " << t
                            << ", got source position " << src[i];
   }
@@ -245,17 +278,18 @@ void RunRound(EpDispatchCombineHandle& h, const Case& c, uint64_t round) {
   // Identity experts: the received tokens in combine's dtype.
   const DataType ct = h.CombineDataType();
   const size_t cb = DataTypeBytes(ct);
-  core::GpuBuffer expertOut(std::max<size_t>(static_cast<size_t>(total) * H * cb, 16));
+  core::GpuBuffer expertOut(std::max<size_t>(span * H * cb, 16));
   if (ct == g.dtype) {
-    if (total > 0) {
-      ASSERT_EQ(core::GpuMemcpy(expertOut.Data(), res.tokens, total * tokenBytes), core::kGpuSuccess);
+    if (span > 0) {
+      ASSERT_EQ(core::GpuMemcpy(expertOut.Data(), res.tokens, span * tokenBytes), core::kGpuSuccess);
     }
   } else {
-    std::vector<uint16_t> conv(static_cast<size_t>(total) * H);
-    for (int i = 0; i < total; ++i) {
-      for (int x = 0; x < H; ++x) conv[static_cast<size_t>(i) * H + x] = ToBf16(TokenValue(g, &tokens[i * tokenBytes], x));
+    std::vector<uint16_t> conv(span * H);
+    for (const Want& w : rows) {
+      const size_t i = static_cast<size_t>(w.row);
+      for (int x = 0; x < H; ++x) conv[i * H + x] = ToBf16(TokenValue(g, &tokens[i * tokenBytes], x));
     }
-    if (total > 0) {
+    if (span > 0) {
       ASSERT_EQ(core::GpuMemcpy(expertOut.Data(), conv.data(), conv.size() * 2), core::kGpuSuccess);
     }
   }
@@ -266,7 +300,12 @@ void RunRound(EpDispatchCombineHandle& h, const Case& c, uint64_t round) {
   auto dOut = ToDevice(guard);
   uint8_t* out = dOut.DataAs<uint8_t>() + ((outRow + 15) & ~size_t(15));
   const size_t lead = (outRow + 15) & ~size_t(15);
-  h.Combine(expertOut.Data(), out, nullptr);
+  if (split) {
+    h.CombineSend(expertOut.Data(), nullptr);
+    h.CombineRecv(out, nullptr);
+  } else {
+    h.Combine(expertOut.Data(), out, nullptr);
+  }
   ASSERT_EQ(h.Status(nullptr, &msg), 0) << msg;
   auto got = FromDevice<uint8_t>(dOut.Data(), outBytes);
   const double tol = ct == DataType::Float32 ? 1e-5 : ct == DataType::Float16 ? 2e-3 : 1e-2;
@@ -314,7 +353,7 @@ EpDispatchCombineConfig Config(EpKernelType kernel, DataType dtype, int topk, in
 }
 
 std::vector<EpKernelType> Kernels() {
-  std::vector<EpKernelType> k{EpKernelType::InterNode};
+  std::vector<EpKernelType> k{EpKernelType::InterNode, EpKernelType::LowLatency};
   if (AllP2p()) k.push_back(EpKernelType::IntraNode);
   return k;
 }
@@ -417,8 +456,10 @@ TEST(EpTest, HostCheckedBadInputThrowsBeforeAnythingRuns) {
   bad.topk = 17;
   expectThrow([&] { EpDispatchCombineHandle x(bad); }, "topk 17 outside [1, 16]");
   bad = c.cfg;
-  bad.kernel = EpKernelType::LowLatency;
-  expectThrow([&] { EpDispatchCombineHandle x(bad); }, "LowLatency is not implemented yet");
+  bad.kernel = static_cast<EpKernelType>(7);
+  expectThrow([&] { EpDispatchCombineHandle x(bad); }, "kernel type 7 is not an EpKernelType");
+  expectThrow([&] { h.DispatchRecv(nullptr); }, "DispatchRecv without a DispatchSend");
+  expectThrow([&] { h.CombineRecv(dTokens.Data(), nullptr); }, "CombineRecv without a CombineSend");
   if (!AllP2p()) {
     bad = c.cfg;
     bad.kernel = EpKernelType::IntraNode;

@@ -92,6 +92,17 @@ MORI_DEVICE_INLINE T ShuffleFrom(LaneMask lanes, T value, unsigned src) {
 #endif
 }
 
+// The lanes of `lanes` (each one of them passes) whose `predicate` is true.
+MORI_DEVICE_INLINE LaneMask Ballot(LaneMask lanes, bool predicate) {
+#if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE
+  return __ballot_sync(static_cast<unsigned>(lanes), predicate);
+#elif MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
+  return static_cast<LaneMask>(__ballot(predicate)) & lanes;
+#else
+  return predicate ? (lanes & (LaneMask(1) << LaneId())) : 0;
+#endif
+}
+
 // Joins the lanes of `lanes` (each one of them passes): what each wrote before is visible to the others
 // after.
 MORI_DEVICE_INLINE void SyncLanes(LaneMask lanes) {

@@ -10,6 +10,18 @@
 // a token for two local experts travels and is stored once (half the bytes at top-8 over 8 experts per PE),
 // and a grouped GEMM needs a permutation anyway; expertCounts gives the rows per local expert to build it.
 //
+// LowLatency kernel (decode batches): every token travels once per destination PE into a fixed slot, its
+// position at the source, so sending needs no slot numbering and runs in one kernel that also signals. The
+// received rows are grouped per local expert (the layout a masked grouped GEMM takes): rows of local expert
+// e are [e * expertStride, e * expertStride + expertCounts[e]), expertStride = worldSize * maxTokensPerRank,
+// in (source PE, position) order; a token for two local experts is stored in both groups. totalRecv is the
+// sum of expertCounts. Combine takes one output row per received row in that layout, weights each with the
+// token's weight for that expert on the expert's PE, sums them there and sends one row per token back:
+// output[t] = sum over k of weight[t][k] * the output row of (expert indices[t][k], t).
+//
+// Phases: DispatchSend / DispatchRecv and CombineSend / CombineRecv split each call in two (for every kernel
+// type), so that work on the stream can run between the send of this PE and the wait for the others'.
+//
 // Round protocol: Dispatch and Combine alternate on one handle (Dispatch, Combine, Dispatch, ...) and every PE
 // makes the same calls in the same order on one stream each. Results of a Dispatch live in the handle until
 // the next Dispatch. Errors a kernel finds (an expert id out of range) make every PE skip that round without
@@ -55,6 +67,8 @@ struct EpDispatchResult {
   int32_t* totalRecv;    // device: rows received (-1 when the round was aborted)
   int32_t* srcTokenPos;  // device: [..] source PE * maxTokensPerRank + position there
   int32_t* expertCounts; // device: [numExpertsPerRank] rows whose top-k names local expert e (added)
+  // LowLatency: rows of local expert e start at row e * expertStride; 0: the flat layout (added)
+  int64_t expertStride = 0;
 };
 
 class EpDispatchCombineHandle {  // collective construction and destruction; buffers on the symmetric heap
@@ -76,8 +90,20 @@ class EpDispatchCombineHandle {  // collective construction and destruction; buf
   // expertOutput: [totalRecv, hiddenDim] of CombineDataType() in the order Dispatch returned, one row per
   // received token (the PE's result for it); output [numTokens, hiddenDim] of CombineDataType(): for each
   // token, the sum over the PEs it went to of (the sum of its weights for that PE's experts) * that PE's row.
-  // With identity experts that is (sum of the token's weights) * token.
+  // With identity experts that is (sum of the token's weights) * token. LowLatency: expertOutput is
+  // [numExpertsPerRank * expertStride, hiddenDim], one row per received row of the grouped layout, and the
+  // output sums every (token, expert) row with its own weight (see above).
   void Combine(const void* expertOutput, void* output, GpuStream stream);
+
+  // The two halves of Dispatch and Combine (added). DispatchSend returns once this PE's tokens are on their
+  // way (queued on `stream`); DispatchRecv queues the wait for every PE's tokens and the result. CombineSend
+  // sends this PE's expert outputs back; CombineRecv waits for the others' and writes `output`. The calls
+  // alternate in this order; Dispatch and Combine are the two halves back to back.
+  void DispatchSend(const void* input, const int32_t* indices, const float* weights, const float* scales,
+                    int numTokens, GpuStream stream);
+  EpDispatchResult DispatchRecv(GpuStream stream);
+  void CombineSend(const void* expertOutput, GpuStream stream);
+  void CombineRecv(void* output, GpuStream stream);
 
   // The dtype combine reads and writes: the dispatch dtype, BFloat16 for fp8 dispatch.
   DataType CombineDataType() const;
