@@ -188,12 +188,9 @@ MORI_DEVICE_INLINE void StridedCopy(void* dst, const void* src, size_t bytes, un
   for (size_t i = done + index; i < bytes; i += count) d[i] = s[i];
 }
 
-// The block, or the lanes of a warp, copy together.
+// The block copies together.
 MORI_DEVICE_INLINE void BlockCopy(void* dst, const void* src, size_t bytes) {
   StridedCopy(dst, src, bytes, core::FlatThreadIdx(), core::FlatBlockDim());
-}
-MORI_DEVICE_INLINE void WarpCopy(void* dst, const void* src, size_t bytes) {
-  StridedCopy(dst, src, bytes, core::LaneId(), MORI_WARP_SIZE);
 }
 
 // Block-wide inclusive prefix sum of `flag` (Hillis-Steele in `scan`, blockDim ints of shared memory): returns
@@ -230,6 +227,54 @@ MORI_DEVICE_INLINE void RecordError(Control* ctl, int32_t kind, int32_t token, i
     core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->slot, slot);
     core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->value, value);
   }
+}
+
+// What source's signal word v says about round `round`: the sender's count, or that the word is stale (another
+// round, or a count above `maxCount` that no sender of this round can have), or that the sender aborted.
+struct SignalVerdict {
+  uint32_t count;  // 0 unless the word is good
+  bool stale, aborted;
+};
+
+MORI_DEVICE_INLINE SignalVerdict JudgeSignal(uint64_t v, uint64_t round, int maxCount) {
+  const auto count = static_cast<uint32_t>(v);
+  if ((v >> 32) != (round & 0xFFFFFFFFu) || (count != kAborted && count > static_cast<uint32_t>(maxCount))) {
+    return {0, true, false};
+  }
+  if (count == kAborted) return {0, false, true};
+  return {count, false, false};
+}
+
+// Marks this PE's round aborted: `staleFrom` / `abortedBy` are 1 + the PE whose signal said so (0: none); the
+// error kind is kept if a kernel recorded one already. One thread.
+MORI_DEVICE_INLINE void RecordAbort(Control* ctl, int32_t staleFrom, int32_t abortedBy) {
+  if (staleFrom != 0) ctl->staleFrom = staleFrom;
+  if (abortedBy != 0) ctl->abortedBy = abortedBy;
+  ctl->aborted = 1;
+  const int32_t error = core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->error);
+  if (error == kNoError) {
+    core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(
+        &ctl->error, int32_t(staleFrom != 0 ? kStaleSignal : kAbortedElsewhere));
+  }
+}
+
+// Thread s of a block: waits for source s's signal of round `round` and returns its count (0 unless good). A
+// stale or aborting source goes into state[0] / state[1] (block-shared, 1 + the PE), and with `recordRound`
+// the stale word's round into the control block.
+MORI_DEVICE_INLINE int32_t AwaitSource(uint64_t* sig, int s, uint64_t round, int maxCount, int32_t* state,
+                                       Control* ctl, bool recordRound) {
+  const uint64_t v = shmem::ShmemSignalWaitUntil(sig + s, CmpOp::GE, round << 32);
+  const SignalVerdict verdict = JudgeSignal(v, round, maxCount);
+  if (verdict.stale) {
+    core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&state[0], int32_t(s + 1));
+    if (recordRound) {
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->staleRound,
+                                                                          static_cast<uint32_t>(v >> 32));
+    }
+  } else if (verdict.aborted) {
+    core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&state[1], int32_t(s + 1));
+  }
+  return static_cast<int32_t>(verdict.count);
 }
 
 struct RouteArgs {
@@ -284,6 +329,20 @@ MORI_GLOBAL void RouteSlotKernel(RouteArgs a) {
   if (tid == 0) a.sendCount[d] = running;
 }
 
+// Token t's data, scales, indices and weights into message msg after its header, by `count` threads of which
+// this is `index` (a block's or a warp's, as in StridedCopy).
+MORI_DEVICE_INLINE void PackMessage(uint8_t* msg, int t, const uint8_t* input, const int32_t* indices,
+                                    const float* weights, const float* scales, const Layout& lay, int scaleDim,
+                                    int topk, unsigned index, unsigned count) {
+  StridedCopy(msg + 16, input + static_cast<size_t>(t) * lay.tokenBytes, lay.tokenBytes, index, count);
+  if (scaleDim > 0) {
+    StridedCopy(msg + lay.scaleOff, scales + static_cast<size_t>(t) * scaleDim, scaleDim * sizeof(float), index,
+                count);
+  }
+  StridedCopy(msg + lay.indexOff, indices + static_cast<size_t>(t) * topk, topk * sizeof(int32_t), index, count);
+  StridedCopy(msg + lay.weightOff, weights + static_cast<size_t>(t) * topk, topk * sizeof(float), index, count);
+}
+
 struct DispatchArgs {
   const uint8_t* input;
   const int32_t* indices;
@@ -313,12 +372,8 @@ MORI_GLOBAL void DispatchSendKernel(DispatchArgs a) {
         msg = a.sendBuf + (static_cast<size_t>(d) * a.maxTokens + j) * a.lay.msgBytes;
       }
       if (core::FlatThreadIdx() == 0) *reinterpret_cast<int32_t*>(msg) = t;
-      BlockCopy(msg + 16, a.input + static_cast<size_t>(t) * a.lay.tokenBytes, a.lay.tokenBytes);
-      if (a.scaleDim > 0) {
-        BlockCopy(msg + a.lay.scaleOff, a.scales + static_cast<size_t>(t) * a.scaleDim, a.scaleDim * sizeof(float));
-      }
-      BlockCopy(msg + a.lay.indexOff, a.indices + static_cast<size_t>(t) * a.topk, a.topk * sizeof(int32_t));
-      BlockCopy(msg + a.lay.weightOff, a.weights + static_cast<size_t>(t) * a.topk, a.topk * sizeof(float));
+      PackMessage(msg, t, a.input, a.indices, a.weights, a.scales, a.lay, a.scaleDim, a.topk, core::FlatThreadIdx(),
+                  core::FlatBlockDim());
     }
   }
 }
@@ -365,27 +420,17 @@ MORI_GLOBAL void SignalKernel(SignalArgs a) {
   if (core::FlatThreadIdx() == 0) shmem::ShmemQuietThread();
 }
 
-// One block: thread s waits for source s's signal of this round and keeps its count; thread 0 then makes
-// the offsets. `total` (may be null) gets the sum, or -1 when the round was aborted.
-MORI_GLOBAL void ReceiveKernel(uint64_t* sig, uint64_t round, int world, int32_t* counts, int32_t* offsets,
-                               int32_t* total, int32_t* expertCounts, int experts, Control* ctl) {
+// One block: thread s waits for source s's signal of this round (at most `maxCount` messages) and keeps its
+// count; thread 0 then makes the offsets. `total` (may be null) gets the sum, or -1 when the round was
+// aborted. Shared: 2 ints.
+MORI_GLOBAL void ReceiveKernel(uint64_t* sig, uint64_t round, int world, int maxCount, int32_t* counts,
+                               int32_t* offsets, int32_t* total, int32_t* expertCounts, int experts, Control* ctl) {
   const int tid = static_cast<int>(core::FlatThreadIdx());
+  int32_t* state = core::DynamicSharedMemory<int32_t>();
+  if (tid < 2) state[tid] = 0;
   for (int e = tid; e < experts; e += static_cast<int>(core::FlatBlockDim())) expertCounts[e] = 0;
-  if (tid < world) {
-    const uint64_t v = shmem::ShmemSignalWaitUntil(sig + tid, CmpOp::GE, round << 32);
-    const auto count = static_cast<uint32_t>(v);
-    if ((v >> 32) != round) {
-      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->staleRound,
-                                                                          static_cast<uint32_t>(v >> 32));
-      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->staleFrom, int32_t(tid + 1));
-      counts[tid] = 0;
-    } else if (count == kAborted) {
-      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->abortedBy, int32_t(tid + 1));
-      counts[tid] = 0;
-    } else {
-      counts[tid] = static_cast<int32_t>(count);
-    }
-  }
+  core::SyncThreads();
+  if (tid < world) counts[tid] = AwaitSource(sig, tid, round, maxCount, state, ctl, true);
   core::SyncThreads();
   if (tid == 0) {
     int32_t sum = 0;
@@ -393,13 +438,20 @@ MORI_GLOBAL void ReceiveKernel(uint64_t* sig, uint64_t round, int world, int32_t
       offsets[s] = sum;
       sum += counts[s];
     }
-    const bool aborted = ctl->error != kNoError || ctl->abortedBy > 0 || ctl->staleFrom > 0;
-    if (aborted) {
-      ctl->aborted = 1;
-      if (ctl->error == kNoError) ctl->error = ctl->staleFrom > 0 ? kStaleSignal : kAbortedElsewhere;
-    }
+    const bool aborted = ctl->error != kNoError || state[0] != 0 || state[1] != 0;
+    if (aborted) RecordAbort(ctl, state[0], state[1]);
     if (total != nullptr) *total = aborted ? -1 : sum;
   }
+}
+
+// Message msg's token, scales, indices and weights into row `row` of the result, by `count` threads of which
+// this is `index` (a block's or a warp's, as in StridedCopy).
+MORI_DEVICE_INLINE void UnpackMessage(const EpDispatchResult& out, size_t row, const uint8_t* msg, const Layout& lay,
+                                      int scaleDim, int topk, unsigned index, unsigned count) {
+  StridedCopy(static_cast<uint8_t*>(out.tokens) + row * lay.tokenBytes, msg + 16, lay.tokenBytes, index, count);
+  if (scaleDim > 0) StridedCopy(out.scales + row * scaleDim, msg + lay.scaleOff, scaleDim * sizeof(float), index, count);
+  StridedCopy(out.indices + row * topk, msg + lay.indexOff, topk * sizeof(int32_t), index, count);
+  StridedCopy(out.weights + row * topk, msg + lay.weightOff, topk * sizeof(float), index, count);
 }
 
 struct UnpackArgs {
@@ -408,12 +460,7 @@ struct UnpackArgs {
   const int32_t* total;
   int world, rank, maxTokens, topk, scaleDim, expertsPerRank;
   Layout lay;
-  uint8_t* tokens;
-  float* weights;
-  int32_t* indices;
-  float* scales;
-  int32_t* srcTokenPos;
-  int32_t* expertCounts;
+  EpDispatchResult out;  // where the rows, their sources and the per-expert counts go
   const Control* ctl;
 };
 
@@ -424,19 +471,15 @@ MORI_GLOBAL void UnpackKernel(UnpackArgs a) {
     int s, j;
     SourceOf(a.offsets, a.world, i, &s, &j);
     const uint8_t* msg = a.recvBuf + (static_cast<size_t>(s) * a.maxTokens + j) * a.lay.msgBytes;
-    BlockCopy(a.tokens + static_cast<size_t>(i) * a.lay.tokenBytes, msg + 16, a.lay.tokenBytes);
-    if (a.scaleDim > 0) {
-      BlockCopy(a.scales + static_cast<size_t>(i) * a.scaleDim, msg + a.lay.scaleOff, a.scaleDim * sizeof(float));
-    }
-    BlockCopy(a.indices + static_cast<size_t>(i) * a.topk, msg + a.lay.indexOff, a.topk * sizeof(int32_t));
-    BlockCopy(a.weights + static_cast<size_t>(i) * a.topk, msg + a.lay.weightOff, a.topk * sizeof(float));
+    UnpackMessage(a.out, static_cast<size_t>(i), msg, a.lay, a.scaleDim, a.topk, core::FlatThreadIdx(),
+                  core::FlatBlockDim());
     if (core::FlatThreadIdx() == 0) {
-      a.srcTokenPos[i] = s * a.maxTokens + *reinterpret_cast<const int32_t*>(msg);
+      a.out.srcTokenPos[i] = s * a.maxTokens + *reinterpret_cast<const int32_t*>(msg);
       const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
       for (int k = 0; k < a.topk; ++k) {
         if (idx[k] / a.expertsPerRank == a.rank) {
           core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(
-              &a.expertCounts[idx[k] % a.expertsPerRank], int32_t(1));
+              &a.out.expertCounts[idx[k] % a.expertsPerRank], int32_t(1));
         }
       }
     }
@@ -646,12 +689,8 @@ MORI_GLOBAL void LlDispatchSendKernel(LlDispatchArgs a) {
         reinterpret_cast<int32_t*>(msg)[0] = t;
         reinterpret_cast<uint32_t*>(msg)[1] = static_cast<uint32_t>(a.round);
       }
-      WarpCopy(msg + 16, a.input + static_cast<size_t>(t) * a.lay.tokenBytes, a.lay.tokenBytes);
-      if (a.scaleDim > 0) {
-        WarpCopy(msg + a.lay.scaleOff, a.scales + static_cast<size_t>(t) * a.scaleDim, a.scaleDim * sizeof(float));
-      }
-      WarpCopy(msg + a.lay.indexOff, a.indices + static_cast<size_t>(t) * a.topk, a.topk * sizeof(int32_t));
-      WarpCopy(msg + a.lay.weightOff, a.weights + static_cast<size_t>(t) * a.topk, a.topk * sizeof(float));
+      PackMessage(msg, t, a.input, a.indices, a.weights, a.scales, a.lay, a.scaleDim, a.topk, core::LaneId(),
+                  MORI_WARP_SIZE);
       if (!direct) {
         shmem::ShmemPutMemNbiWarp(remote, msg, a.lay.msgBytes, d);
         put = true;
@@ -669,12 +708,7 @@ struct LlRecvArgs {
   int world, rank, maxTokens, topk, scaleDim, expertsPerRank;
   Layout lay;
   int32_t* counts;  // [W]: tokens each source had
-  uint8_t* tokens;
-  float* weights;
-  int32_t* indices;
-  float* scales;
-  int32_t* srcTokenPos;
-  int32_t* expertCounts;
+  EpDispatchResult out;  // where the rows, their sources and the per-expert counts go
   int32_t* rowOf;  // [W * M * K]: the grouped row of (source, position, k) for local experts
   Control* ctl;
 };
@@ -690,20 +724,7 @@ MORI_GLOBAL void LlDispatchRecvKernel(LlRecvArgs a) {
   if (tid < 2) state[tid] = 0;
   core::SyncThreads();
   if (tid < a.world) {
-    const uint64_t v = shmem::ShmemSignalWaitUntil(a.sig + tid, CmpOp::GE, a.round << 32);
-    const auto count = static_cast<uint32_t>(v);
-    cnt[tid] = 0;
-    if ((v >> 32) != (a.round & 0xFFFFFFFFu) || (count != kAborted && count > static_cast<uint32_t>(a.maxTokens))) {
-      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&state[0], int32_t(tid + 1));
-      if (core::FlatBlockIdx() == 0) {
-        core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&a.ctl->staleRound,
-                                                                            static_cast<uint32_t>(v >> 32));
-      }
-    } else if (count == kAborted) {
-      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&state[1], int32_t(tid + 1));
-    } else {
-      cnt[tid] = static_cast<int32_t>(count);
-    }
+    cnt[tid] = AwaitSource(a.sig, tid, a.round, a.maxTokens, state, a.ctl, core::FlatBlockIdx() == 0);
   }
   core::SyncThreads();
   // Every block sees the same signals, so all agree on whether the round is aborted.
@@ -712,13 +733,7 @@ MORI_GLOBAL void LlDispatchRecvKernel(LlRecvArgs a) {
   if (core::FlatBlockIdx() == 0 && tid == 0) {
     for (int s = 0; s < a.world; ++s) a.counts[s] = cnt[s];
     if (aborted) {
-      if (state[0] != 0) a.ctl->staleFrom = state[0];
-      if (state[1] != 0) a.ctl->abortedBy = state[1];
-      a.ctl->aborted = 1;
-      if (error == kNoError) {
-        core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(
-            &a.ctl->error, int32_t(state[0] != 0 ? kStaleSignal : kAbortedElsewhere));
-      }
+      RecordAbort(a.ctl, state[0], state[1]);
       core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&a.ctl->rows, int32_t(-1));
     }
   }
@@ -729,7 +744,7 @@ MORI_GLOBAL void LlDispatchRecvKernel(LlRecvArgs a) {
   for (int e = static_cast<int>(core::FlatBlockIdx()) * warps + static_cast<int>(core::WarpId()); e < a.expertsPerRank;
        e += static_cast<int>(core::FlatGridDim()) * warps) {
     if (aborted) {
-      if (lane == 0) a.expertCounts[e] = 0;
+      if (lane == 0) a.out.expertCounts[e] = 0;
       continue;
     }
     const int g = a.rank * a.expertsPerRank + e;
@@ -750,14 +765,9 @@ MORI_GLOBAL void LlDispatchRecvKernel(LlRecvArgs a) {
           const size_t slot = static_cast<size_t>(s) * a.maxTokens + pos;
           const uint8_t* msg = a.recvBuf + slot * a.lay.msgBytes;
           const size_t row = e * stride + running++;
-          WarpCopy(a.tokens + row * a.lay.tokenBytes, msg + 16, a.lay.tokenBytes);
-          if (a.scaleDim > 0) {
-            WarpCopy(a.scales + row * a.scaleDim, msg + a.lay.scaleOff, a.scaleDim * sizeof(float));
-          }
-          WarpCopy(a.indices + row * a.topk, msg + a.lay.indexOff, a.topk * sizeof(int32_t));
-          WarpCopy(a.weights + row * a.topk, msg + a.lay.weightOff, a.topk * sizeof(float));
+          UnpackMessage(a.out, row, msg, a.lay, a.scaleDim, a.topk, lane, MORI_WARP_SIZE);
           if (lane == 0) {
-            a.srcTokenPos[row] = s * a.maxTokens + pos;
+            a.out.srcTokenPos[row] = s * a.maxTokens + pos;
             const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
             for (int k = 0; k < a.topk; ++k) {
               if (idx[k] == g) a.rowOf[slot * a.topk + k] = static_cast<int32_t>(row);
@@ -767,7 +777,7 @@ MORI_GLOBAL void LlDispatchRecvKernel(LlRecvArgs a) {
       }
     }
     if (lane == 0) {
-      a.expertCounts[e] = running;
+      a.out.expertCounts[e] = running;
       core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(&a.ctl->rows, int32_t(running));
     }
   }
@@ -813,13 +823,13 @@ MORI_GLOBAL void LlCombineSendKernel(LlCombineArgs a) {
       for (int q = start; q < a.world * a.maxTokens; q += pass == 0 ? allWarps : stagedWarps) {
         const int s = q / a.maxTokens, t = q % a.maxTokens;
         if (t >= a.counts[s]) continue;
-        if ((shmem::ShmemPtr(a.combRecv, s) != nullptr) != (pass == 0)) continue;
+        const bool direct = shmem::ShmemPtr(a.combRecv, s) != nullptr;
+        if (direct != (pass == 0)) continue;
         const uint8_t* msg = a.recvBuf + static_cast<size_t>(q) * a.lay.msgBytes;
         if (reinterpret_cast<const uint32_t*>(msg)[1] != static_cast<uint32_t>(a.round)) continue;
         const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
         const auto* wts = reinterpret_cast<const float*>(msg + a.lay.weightOff);
         uint8_t* remote = a.combRecv + (static_cast<size_t>(a.rank) * a.maxTokens + t) * a.lay.rowBytes;
-        const bool direct = shmem::ShmemPtr(a.combRecv, s) != nullptr;
         auto* out = reinterpret_cast<S*>(direct ? static_cast<uint8_t*>(shmem::ShmemPtr(remote, s))
                                                 : a.combSend + static_cast<size_t>(q) * a.lay.rowBytes);
         for (int u = static_cast<int>(core::LaneId()); u < units; u += MORI_WARP_SIZE) {
@@ -1113,10 +1123,7 @@ EpDispatchResult EpDispatchCombineHandle::DispatchRecv(GpuStream stream) {
                      m.expertCounts.DataAs<int32_t>()};
   if (c.kernel == EpKernelType::LowLatency) {
     LlRecvArgs la{m.recvBuf, m.sigs, m.round, W, c.rank, c.maxTokensPerRank, c.topk, c.scaleDim,
-                  c.numExpertsPerRank, m.lay, m.Counts(1), m.tokens.DataAs<uint8_t>(), m.weights.DataAs<float>(),
-                  m.indices.DataAs<int32_t>(), c.scaleDim > 0 ? m.scales.DataAs<float>() : nullptr,
-                  m.srcTokenPos.DataAs<int32_t>(), m.expertCounts.DataAs<int32_t>(), m.rowOf.DataAs<int32_t>(),
-                  m.Ctl()};
+                  c.numExpertsPerRank, m.lay, m.Counts(1), r, m.rowOf.DataAs<int32_t>(), m.Ctl()};
     // A warp per local expert.
     const unsigned warps = std::max(1u, m.routeThreads / MORI_WARP_SIZE);
     const unsigned blocks = std::min<unsigned>(m.blocks, (c.numExpertsPerRank + warps - 1) / warps);
@@ -1127,13 +1134,12 @@ EpDispatchResult EpDispatchCombineHandle::DispatchRecv(GpuStream stream) {
     r.expertStride = static_cast<int64_t>(W) * c.maxTokensPerRank;
     return r;
   }
-  core::LaunchKernel(ReceiveKernel, Dim3(1), Dim3(m.routeThreads), 0, stream, m.sigs, m.round, W, m.Counts(1),
+  core::LaunchKernel(ReceiveKernel, Dim3(1), Dim3(m.routeThreads), 2 * sizeof(int32_t), stream, m.sigs, m.round, W,
+                     c.maxTokensPerRank, m.Counts(1),
                      m.Counts(2), m.Total(), m.expertCounts.DataAs<int32_t>(), c.numExpertsPerRank, m.Ctl());
   CheckLaunch("dispatch receive");
   UnpackArgs ua{m.recvBuf, m.Counts(2), m.Total(), W, c.rank, c.maxTokensPerRank, c.topk, c.scaleDim,
-                c.numExpertsPerRank, m.lay, m.tokens.DataAs<uint8_t>(), m.weights.DataAs<float>(),
-                m.indices.DataAs<int32_t>(), c.scaleDim > 0 ? m.scales.DataAs<float>() : nullptr,
-                m.srcTokenPos.DataAs<int32_t>(), m.expertCounts.DataAs<int32_t>(), m.Ctl()};
+                c.numExpertsPerRank, m.lay, r, m.Ctl()};
   core::LaunchKernel(UnpackKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, ua);
   CheckLaunch("dispatch unpack");
   return r;
@@ -1193,7 +1199,8 @@ void EpDispatchCombineHandle::CombineRecv(void* output, GpuStream stream) {
   m.phase = Impl::Phase::Idle;
   const int W = c.worldSize;
   // Waits for every PE's rows; its counts and offsets go to scratch so that the dispatch result stays intact.
-  core::LaunchKernel(ReceiveKernel, Dim3(1), Dim3(m.routeThreads), 0, stream, m.sigs + W, m.round, W, m.Counts(3),
+  core::LaunchKernel(ReceiveKernel, Dim3(1), Dim3(m.routeThreads), 2 * sizeof(int32_t), stream, m.sigs + W, m.round,
+                     W, c.maxTokensPerRank, m.Counts(3),
                      m.Counts(4), static_cast<int32_t*>(nullptr), static_cast<int32_t*>(nullptr), 0, m.Ctl());
   CheckLaunch("combine wait");
   ReduceArgs ra{m.combRecv, m.slotOf.DataAs<int32_t>(), m.weightSum.DataAs<float>(), m.numTokens, W,
