@@ -45,6 +45,9 @@ const std::vector<EnvParamInfo> kRegistry = {
     {"MORI_CUDA_IPC", EnvType::Choice, "auto", "auto|vmm|legacy",
      "how GPU memory is shared with same-host peers: auto (VMM file descriptors when the driver supports "
      "them, else legacy IPC handles), vmm, legacy"},
+    {"MORI_CUDA_MAX_CONNECTIONS", EnvType::Int, "8", "",
+     "CUDA_DEVICE_MAX_CONNECTIONS that mori sets when it is loaded under MPS with that variable unset (MPS "
+     "clients otherwise get too few hardware work queues for the proxy's copies); 0 leaves it unset"},
     {"MORI_TCP_CHANNELS", EnvType::Int, "4", "",
      "sockets (channels) per Tcp connection, 1 to 64, bound round-robin to the interfaces of MORI_SOCKET_IFNAME"},
     {"MORI_TCP_CHUNK_SIZE", EnvType::Size, "512k", "",

@@ -1,10 +1,16 @@
 // Copies that a host thread makes for a kernel that may be waiting for them (the TCP link's writes and word
 // operations into GPU memory, the emulated NIC's, the CudaIpc connection's): issued on a stream of their own
-// and waited for, with the time taken watched. A copy held up for seconds is almost always the CUDA driver
-// holding every copy of the process while a cudaFree, cudaFreeHost or cudaHostUnregister of another thread
-// waits for the running kernels to end (measured on H100/H200, with and without MPS: docs/PERF.md); when the
-// kernel is the one waiting for this copy, both wait until the kernel's bounded wait gives up. The error or
-// warning then says so instead of leaving only the kernel's timeout.
+// and waited for, with the time taken watched. Two things hold such a copy up until the running kernels end
+// (measured on an H200: docs/PERF.md), and when the kernel is the one waiting for the copy, both wait until
+// the kernel's bounded wait gives up:
+// - too few hardware work queues: CUDA maps a process's streams onto CUDA_DEVICE_MAX_CONNECTIONS queues (8
+//   by default, fewer for an MPS client) in turn, and a copy whose stream shares a queue with work that waits
+//   for a running kernel waits too. With 1 or 2 queues the EP suite over the proxy with TCP connections
+//   stalled in every run, with 4, 8 or 16 in none; so mori sets 8 when it is loaded under MPS with the
+//   variable unset (MORI_CUDA_MAX_CONNECTIONS), and warns at the first copy when fewer than 4 are asked for;
+// - a cudaFree, cudaFreeHost or cudaHostUnregister of another thread of the process, which waits for the
+//   running kernels to end and holds every copy of the process meanwhile.
+// The error or warning of a slow copy names both instead of leaving only the kernel's timeout.
 #pragma once
 
 #include <cstddef>
@@ -20,8 +26,24 @@ constexpr double kSlowProxyCopyS = 2.0;
 // The sentence appended to a report of a copy that took `seconds` (empty below kSlowProxyCopyS).
 std::string SlowProxyCopyHint(double seconds);
 
+// The queue count below which a copy is warned about, and what mori sets under MPS by default.
+constexpr int kMinCopyQueues = 4;
+constexpr int kMpsConnections = 8;
+
+// The value mori gives CUDA_DEVICE_MAX_CONNECTIONS at load: `current` is its value (null: unset), `wanted`
+// MORI_CUDA_MAX_CONNECTIONS (null: kMpsConnections; 0 or not a positive number: none), `mps` whether an MPS
+// control daemon runs. Empty: leave it as it is (set already, or no MPS: CUDA's own default is 8).
+std::string CudaConnectionsToSet(const char* current, const char* wanted, bool mps);
+
+// Whether an MPS control daemon listens in CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps).
+bool MpsControlRunning();
+
+// The warning for CUDA_DEVICE_MAX_CONNECTIONS=`current` (empty when it is unset or at least kMinCopyQueues).
+std::string FewCopyQueuesWarning(const char* current);
+
 // cudaMemcpyAsync on `stream`, then its synchronize; returns the first failure's status. `seconds` receives
-// the time the two took. Throws nothing.
+// the time the two took. The first call of the process logs FewCopyQueuesWarning (and, at info level, a value
+// mori set at load). Throws nothing.
 GpuStatus TimedStreamCopy(void* dst, const void* src, size_t bytes, GpuStream stream, double* seconds);
 
 }  // namespace mori::core

@@ -1,7 +1,12 @@
 // GpuBuffer allocation on the backend in use, export of ranges for IPC, and the validation of handles.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -145,6 +150,53 @@ TEST_F(GpuBufferTest, TimedStreamCopyCopiesAndSlowOnesNameTheCause) {
   const std::string hint = SlowProxyCopyHint(12.25);
   EXPECT_NE(hint.find("took 12.2 s"), std::string::npos) << hint;
   EXPECT_NE(hint.find("cudaFree"), std::string::npos) << hint;
+  EXPECT_NE(hint.find("CUDA_DEVICE_MAX_CONNECTIONS="), std::string::npos) << hint;
+}
+
+// What mori sets CUDA_DEVICE_MAX_CONNECTIONS to at load, and when it warns about it.
+TEST(CopyQueues, SetOnlyUnderMpsWhenUnsetAndWarnBelowFour) {
+  EXPECT_EQ(CudaConnectionsToSet(nullptr, nullptr, true), std::to_string(kMpsConnections));
+  EXPECT_EQ(CudaConnectionsToSet(nullptr, "12", true), "12");
+  EXPECT_EQ(CudaConnectionsToSet(nullptr, "0", true), "");      // opted out
+  EXPECT_EQ(CudaConnectionsToSet(nullptr, "many", true), "");   // not a number: leave CUDA's default
+  EXPECT_EQ(CudaConnectionsToSet(nullptr, "-3", true), "");
+  EXPECT_EQ(CudaConnectionsToSet("1", nullptr, true), "");       // the user's value stays, even a low one
+  EXPECT_EQ(CudaConnectionsToSet(nullptr, nullptr, false), "");  // no MPS: CUDA's default is 8 already
+  EXPECT_EQ(FewCopyQueuesWarning(nullptr), "");
+  EXPECT_EQ(FewCopyQueuesWarning("4"), "");
+  EXPECT_EQ(FewCopyQueuesWarning("32"), "");
+  for (const char* low : {"1", "3", "0", "x"}) {
+    const std::string w = FewCopyQueuesWarning(low);
+    EXPECT_NE(w.find(std::string("CUDA_DEVICE_MAX_CONNECTIONS=") + low + ":"), std::string::npos) << w;
+    EXPECT_NE(w.find("GUIDE"), std::string::npos) << w;
+  }
+}
+
+// The MPS control daemon is found by its socket in CUDA_MPS_PIPE_DIRECTORY, and nothing else passes for it.
+TEST(CopyQueues, MpsDaemonFoundByItsControlSocket) {
+  const char* saved = std::getenv("CUDA_MPS_PIPE_DIRECTORY");
+  const std::string keep = saved != nullptr ? saved : "";
+  char tmpl[] = "/tmp/mori-mps-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, control = dir + "/control";
+  setenv("CUDA_MPS_PIPE_DIRECTORY", dir.c_str(), 1);
+  EXPECT_FALSE(MpsControlRunning());  // empty folder
+  FILE* f = std::fopen(control.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+  EXPECT_FALSE(MpsControlRunning());  // a plain file is not the daemon
+  std::remove(control.c_str());
+  int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", control.c_str());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_TRUE(MpsControlRunning());
+  close(fd);
+  std::remove(control.c_str());
+  rmdir(dir.c_str());
+  if (saved != nullptr) setenv("CUDA_MPS_PIPE_DIRECTORY", keep.c_str(), 1); else unsetenv("CUDA_MPS_PIPE_DIRECTORY");
 }
 
 }  // namespace
