@@ -182,7 +182,17 @@ MORI_DEVICE_INLINE void StridedCopy(void* dst, const void* src, size_t bytes, un
     const size_t words = bytes / 16;
     auto* dw = reinterpret_cast<Word16*>(d);
     auto* sw = reinterpret_cast<const Word16*>(s);
-    for (size_t i = index; i < words; i += count) dw[i] = sw[i];
+    // Four loads in flight per thread before their stores: a warp copying a 7 KB row alone is bound by the
+    // latency of its loads, not by bandwidth.
+    size_t i = index;
+    for (; i + 3 * size_t(count) < words; i += 4 * size_t(count)) {
+      const Word16 w0 = sw[i], w1 = sw[i + count], w2 = sw[i + 2 * size_t(count)], w3 = sw[i + 3 * size_t(count)];
+      dw[i] = w0;
+      dw[i + count] = w1;
+      dw[i + 2 * size_t(count)] = w2;
+      dw[i + 3 * size_t(count)] = w3;
+    }
+    for (; i < words; i += count) dw[i] = sw[i];
     done = words * 16;
   }
   for (size_t i = done + index; i < bytes; i += count) d[i] = s[i];
@@ -449,7 +459,9 @@ MORI_GLOBAL void ReceiveKernel(uint64_t* sig, uint64_t round, int world, int max
 MORI_DEVICE_INLINE void UnpackMessage(const EpDispatchResult& out, size_t row, const uint8_t* msg, const Layout& lay,
                                       int scaleDim, int topk, unsigned index, unsigned count) {
   StridedCopy(static_cast<uint8_t*>(out.tokens) + row * lay.tokenBytes, msg + 16, lay.tokenBytes, index, count);
-  if (scaleDim > 0) StridedCopy(out.scales + row * scaleDim, msg + lay.scaleOff, scaleDim * sizeof(float), index, count);
+  if (scaleDim > 0) {
+    StridedCopy(out.scales + row * scaleDim, msg + lay.scaleOff, scaleDim * sizeof(float), index, count);
+  }
   StridedCopy(out.indices + row * topk, msg + lay.indexOff, topk * sizeof(int32_t), index, count);
   StridedCopy(out.weights + row * topk, msg + lay.weightOff, topk * sizeof(float), index, count);
 }
@@ -633,8 +645,9 @@ MORI_DEVICE_INLINE void FinishAndSignal(uint32_t* done, int32_t* lastFlag, uint6
     *lastFlag = old + 1 == core::FlatGridDim() ? 1 : 0;
   }
   core::SyncThreads();
-  const int d = static_cast<int>(core::FlatThreadIdx());
-  if (*lastFlag != 0 && d < world) {
+  if (*lastFlag == 0) return;
+  // Blocks may have fewer threads than there are PEs (one warp of 32 and 64 PEs; one thread per block on HOST).
+  for (int d = static_cast<int>(core::FlatThreadIdx()); d < world; d += static_cast<int>(core::FlatBlockDim())) {
     const int32_t n = counts != nullptr ? core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::Device>(&counts[d])
                                         : count;
     const uint32_t c = aborted ? kAborted : static_cast<uint32_t>(n);
@@ -713,14 +726,17 @@ struct LlRecvArgs {
   Control* ctl;
 };
 
-// Every block waits for every source's signal; then each warp takes local experts (strided over the grid)
-// and gathers this round's messages naming its expert into the expert's rows, in (source, position) order:
-// a ballot over 32 (64) positions at a time, then the whole warp copies each hit. No block barrier in the
-// loop. Shared: kMaxWorld + 2 ints.
+// Every block waits for every source's signal; then `per` blocks take each local expert (per = grid / experts,
+// at least 1; experts strided over the grid when fewer blocks) and gather this round's messages naming it into
+// its rows, in (source, position) order: each block's threads test a block's width of slots at a time, a
+// block scan numbers the hits, and the block's warps copy its share (hit n goes to block n % per), a warp per
+// hit. Shared: kMaxWorld + 2 + 2 * blockDim ints.
 MORI_GLOBAL void LlDispatchRecvKernel(LlRecvArgs a) {
   const int tid = static_cast<int>(core::FlatThreadIdx()), nt = static_cast<int>(core::FlatBlockDim());
   int32_t* cnt = core::DynamicSharedMemory<int32_t>();
   int32_t* state = cnt + kMaxWorld;  // [0]: 1 + a PE with a stale signal, [1]: 1 + a PE that aborted
+  int32_t* scan = state + 2;         // [nt]: BlockScan
+  int32_t* hits = scan + nt;         // [nt]: the slots of this pass's hits, in order
   if (tid < 2) state[tid] = 0;
   core::SyncThreads();
   if (tid < a.world) {
@@ -738,45 +754,52 @@ MORI_GLOBAL void LlDispatchRecvKernel(LlRecvArgs a) {
     }
   }
   const size_t stride = static_cast<size_t>(a.world) * a.maxTokens;
+  const int slots = a.world * a.maxTokens;
   const int warps = nt / MORI_WARP_SIZE > 0 ? nt / MORI_WARP_SIZE : 1;
-  const int lane = static_cast<int>(core::LaneId());
-  const core::LaneMask lanes = core::ActiveLanes();
-  for (int e = static_cast<int>(core::FlatBlockIdx()) * warps + static_cast<int>(core::WarpId()); e < a.expertsPerRank;
-       e += static_cast<int>(core::FlatGridDim()) * warps) {
+  const int warp = static_cast<int>(core::WarpId()), lane = static_cast<int>(core::LaneId());
+  const int grid = static_cast<int>(core::FlatGridDim());
+  const int per = grid / a.expertsPerRank > 0 ? grid / a.expertsPerRank : 1;
+  for (int item = static_cast<int>(core::FlatBlockIdx()); item < a.expertsPerRank * per; item += grid) {
+    const int e = item / per, part = item % per;
     if (aborted) {
-      if (lane == 0) a.out.expertCounts[e] = 0;
+      if (tid == 0 && part == 0) a.out.expertCounts[e] = 0;
       continue;
     }
     const int g = a.rank * a.expertsPerRank + e;
     int running = 0;
-    for (int s = 0; s < a.world; ++s) {
-      for (int base = 0; base < cnt[s]; base += MORI_WARP_SIZE) {
-        const int t = base + lane;
-        bool flag = false;
-        if (t < cnt[s]) {
-          const uint8_t* msg = a.recvBuf + (static_cast<size_t>(s) * a.maxTokens + t) * a.lay.msgBytes;
-          if (reinterpret_cast<const uint32_t*>(msg)[1] == static_cast<uint32_t>(a.round)) {
-            const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
-            for (int k = 0; k < a.topk; ++k) flag |= idx[k] == g;
-          }
+    for (int base = 0; base < slots; base += nt) {
+      const int q = base + tid;
+      bool flag = false;
+      if (q < slots && q % a.maxTokens < cnt[q / a.maxTokens]) {
+        const uint8_t* msg = a.recvBuf + static_cast<size_t>(q) * a.lay.msgBytes;
+        if (reinterpret_cast<const uint32_t*>(msg)[1] == static_cast<uint32_t>(a.round)) {
+          const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
+          for (int k = 0; k < a.topk; ++k) flag |= idx[k] == g;
         }
-        for (core::LaneMask hits = core::Ballot(lanes, flag); hits != 0; hits &= hits - 1) {
-          const int pos = base + static_cast<int>(core::LowestLane(hits));
-          const size_t slot = static_cast<size_t>(s) * a.maxTokens + pos;
-          const uint8_t* msg = a.recvBuf + slot * a.lay.msgBytes;
-          const size_t row = e * stride + running++;
-          UnpackMessage(a.out, row, msg, a.lay, a.scaleDim, a.topk, lane, MORI_WARP_SIZE);
-          if (lane == 0) {
-            a.out.srcTokenPos[row] = s * a.maxTokens + pos;
-            const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
-            for (int k = 0; k < a.topk; ++k) {
-              if (idx[k] == g) a.rowOf[slot * a.topk + k] = static_cast<int32_t>(row);
-            }
+      }
+      int found = 0;
+      const int incl = BlockScan(scan, flag ? 1 : 0, &found);
+      if (flag) hits[incl - 1] = q;
+      core::SyncThreads();
+      // This block's hits: n = running + h with n % per == part.
+      const int first = ((part - running) % per + per) % per;
+      for (int h = first + warp * per; h < found; h += warps * per) {
+        const int slot = hits[h];
+        const uint8_t* msg = a.recvBuf + static_cast<size_t>(slot) * a.lay.msgBytes;
+        const size_t row = e * stride + running + h;
+        UnpackMessage(a.out, row, msg, a.lay, a.scaleDim, a.topk, lane, MORI_WARP_SIZE);
+        if (lane == 0) {
+          a.out.srcTokenPos[row] = slot;  // source * maxTokens + position
+          const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
+          for (int k = 0; k < a.topk; ++k) {
+            if (idx[k] == g) a.rowOf[static_cast<size_t>(slot) * a.topk + k] = static_cast<int32_t>(row);
           }
         }
       }
+      running += found;
+      core::SyncThreads();  // hits and scan are rewritten by the next pass
     }
-    if (lane == 0) {
+    if (tid == 0 && part == 0) {
       a.out.expertCounts[e] = running;
       core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(&a.ctl->rows, int32_t(running));
     }
@@ -797,59 +820,79 @@ struct LlCombineArgs {
   Control* ctl;
 };
 
-// Warp per received message: the weighted sum of its local experts' output rows (fp32, 16-byte vectors when
-// rows are whole vectors) goes back into the source's slot [rank][t], by stores or staged and put.
+// A received message's weighted sum (fp32, 16-byte vectors when rows are whole vectors) of its local experts'
+// output rows goes back into the source's slot [rank][t], by stores or staged and put. `parts` blocks share a
+// message, each a range of the hidden units (parts = grid / slots, at least 1). Messages for PEs reached by
+// stores: every block; staged ones: the first kStagedBlocks * warps blocks, as many put issuers as
+// LlDispatchSendKernel has. Shared: 1 + 2 * kMaxTopk ints.
 template <DataType T>
 MORI_GLOBAL void LlCombineSendKernel(LlCombineArgs a) {
   using E = Elem<T>;
   using S = typename E::Storage;
   constexpr int kVec = 16 / sizeof(S);
   int32_t* flags = core::DynamicSharedMemory<int32_t>();
+  int32_t* local = flags + 1;                               // [kMaxTopk]: rows of the message's local experts
+  auto* weight = reinterpret_cast<float*>(local + kMaxTopk);  // [kMaxTopk]: their weights
   const bool aborted = a.ctl->aborted != 0;
   if (!aborted) {
     const bool vectors = a.hidden % kVec == 0;
     const int units = vectors ? a.hidden / kVec : a.hidden;
-    const int nt = static_cast<int>(core::FlatBlockDim());
+    const size_t unitBytes = vectors ? 16 : sizeof(S);
+    const int tid = static_cast<int>(core::FlatThreadIdx()), nt = static_cast<int>(core::FlatBlockDim());
     const int warps = nt / MORI_WARP_SIZE > 0 ? nt / MORI_WARP_SIZE : 1;
-    const int gw = static_cast<int>(core::FlatBlockIdx()) * warps + static_cast<int>(core::WarpId());
-    const int allWarps = static_cast<int>(core::FlatGridDim()) * warps;
-    // Rows for PEs reached by stores: every warp; rows to put: the warps of the first kStagedBlocks blocks
-    // (see LlDispatchSendKernel).
-    const int grid = static_cast<int>(core::FlatGridDim());
-    const int stagedWarps = (grid < kStagedBlocks ? grid : kStagedBlocks) * warps;
+    const int b = static_cast<int>(core::FlatBlockIdx()), grid = static_cast<int>(core::FlatGridDim());
+    const int stagedBlocks = grid < kStagedBlocks * warps ? grid : kStagedBlocks * warps;
+    const int slots = a.world * a.maxTokens;
     bool put = false;
     for (int pass = 0; pass < 2; ++pass) {
-      const int start = pass == 0 ? gw : (gw < stagedWarps ? gw : a.world * a.maxTokens);
-      for (int q = start; q < a.world * a.maxTokens; q += pass == 0 ? allWarps : stagedWarps) {
+      const int blocks = pass == 0 ? grid : stagedBlocks;
+      const int parts = blocks / slots > 0 ? blocks / slots : 1;
+      for (int item = b < blocks ? b : slots * parts; item < slots * parts; item += blocks) {
+        const int q = item / parts, part = item % parts;
         const int s = q / a.maxTokens, t = q % a.maxTokens;
         if (t >= a.counts[s]) continue;
         const bool direct = shmem::ShmemPtr(a.combRecv, s) != nullptr;
         if (direct != (pass == 0)) continue;
         const uint8_t* msg = a.recvBuf + static_cast<size_t>(q) * a.lay.msgBytes;
         if (reinterpret_cast<const uint32_t*>(msg)[1] != static_cast<uint32_t>(a.round)) continue;
-        const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
-        const auto* wts = reinterpret_cast<const float*>(msg + a.lay.weightOff);
+        core::SyncThreads();  // the previous message's list is read
+        if (tid == 0) {
+          const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
+          const auto* wts = reinterpret_cast<const float*>(msg + a.lay.weightOff);
+          int n = 0;
+          for (int k = 0; k < a.topk; ++k) {
+            if (idx[k] / a.expertsPerRank != a.rank) continue;
+            local[n] = a.rowOf[static_cast<size_t>(q) * a.topk + k];
+            weight[n++] = wts[k];
+          }
+          flags[0] = n;
+        }
+        core::SyncThreads();
+        const int n = flags[0];
+        const int begin = static_cast<int>(static_cast<int64_t>(units) * part / parts);
+        const int end = static_cast<int>(static_cast<int64_t>(units) * (part + 1) / parts);
         uint8_t* remote = a.combRecv + (static_cast<size_t>(a.rank) * a.maxTokens + t) * a.lay.rowBytes;
         auto* out = reinterpret_cast<S*>(direct ? static_cast<uint8_t*>(shmem::ShmemPtr(remote, s))
                                                 : a.combSend + static_cast<size_t>(q) * a.lay.rowBytes);
-        for (int u = static_cast<int>(core::LaneId()); u < units; u += MORI_WARP_SIZE) {
+        for (int u = begin + tid; u < end; u += nt) {
           float acc[kVec] = {};
           const size_t first = vectors ? static_cast<size_t>(u) * kVec : static_cast<size_t>(u);
-          for (int k = 0; k < a.topk; ++k) {
-            if (idx[k] / a.expertsPerRank != a.rank) continue;
-            const size_t r = static_cast<size_t>(a.rowOf[static_cast<size_t>(q) * a.topk + k]);
-            AddScaled<T>(acc, reinterpret_cast<const S*>(a.expertOutput + r * a.lay.rowDataBytes), first, wts[k],
-                         vectors);
+          for (int k = 0; k < n; ++k) {
+            const uint8_t* row = a.expertOutput + static_cast<size_t>(local[k]) * a.lay.rowDataBytes;
+            AddScaled<T>(acc, reinterpret_cast<const S*>(row), first, weight[k], vectors);
           }
           StoreUnit<T>(out, first, acc, vectors);
         }
-        if (!direct) {
-          shmem::ShmemPutMemNbiWarp(remote, out, a.lay.rowDataBytes, s);
+        if (!direct && end > begin) {
+          core::SyncThreads();  // the staged range is whole before the block puts it
+          shmem::ShmemPutMemNbiBlock(remote + begin * unitBytes, reinterpret_cast<uint8_t*>(out) + begin * unitBytes,
+                                     static_cast<size_t>(end - begin) * unitBytes, s);
           put = true;
         }
       }
     }
-    if (put && core::LaneId() == 0) shmem::ShmemQuietThread();
+    core::SyncThreads();
+    if (put && tid == 0) shmem::ShmemQuietThread();  // the block's puts are complete at their PEs
   }
   FinishAndSignal(&a.ctl->doneCombine, &flags[0], a.sig, a.round, a.world, a.counts, 0, aborted);
 }
@@ -1124,11 +1167,11 @@ EpDispatchResult EpDispatchCombineHandle::DispatchRecv(GpuStream stream) {
   if (c.kernel == EpKernelType::LowLatency) {
     LlRecvArgs la{m.recvBuf, m.sigs, m.round, W, c.rank, c.maxTokensPerRank, c.topk, c.scaleDim,
                   c.numExpertsPerRank, m.lay, m.Counts(1), r, m.rowOf.DataAs<int32_t>(), m.Ctl()};
-    // A warp per local expert.
-    const unsigned warps = std::max(1u, m.routeThreads / MORI_WARP_SIZE);
-    const unsigned blocks = std::min<unsigned>(m.blocks, (c.numExpertsPerRank + warps - 1) / warps);
-    core::LaunchKernel(LlDispatchRecvKernel, Dim3(blocks), Dim3(m.routeThreads), (kMaxWorld + 2) * sizeof(int32_t),
-                       stream, la);
+    // Blocks per local expert: as many as the grid holds whole.
+    const unsigned E = static_cast<unsigned>(c.numExpertsPerRank);
+    const unsigned blocks = m.blocks >= E ? m.blocks / E * E : m.blocks;
+    core::LaunchKernel(LlDispatchRecvKernel, Dim3(std::max(blocks, 1u)), Dim3(m.routeThreads),
+                       (kMaxWorld + 2 + 2 * m.routeThreads) * sizeof(int32_t), stream, la);
     CheckLaunch("low-latency dispatch receive");
     r.totalRecv = &m.Ctl()->rows;
     r.expertStride = static_cast<int64_t>(W) * c.maxTokensPerRank;
@@ -1169,7 +1212,7 @@ void EpDispatchCombineHandle::CombineSend(const void* expertOutput, GpuStream st
     auto send = m.combineType == DataType::Float32    ? LlCombineSendKernel<DataType::Float32>
                 : m.combineType == DataType::BFloat16 ? LlCombineSendKernel<DataType::BFloat16>
                                                       : LlCombineSendKernel<DataType::Float16>;
-    core::LaunchKernel(send, Dim3(m.blocks), Dim3(m.threads), sizeof(int32_t), stream, la);
+    core::LaunchKernel(send, Dim3(m.blocks), Dim3(m.threads), (1 + 2 * kMaxTopk) * sizeof(int32_t), stream, la);
     CheckLaunch("low-latency combine send");
     return;
   }

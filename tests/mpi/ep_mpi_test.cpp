@@ -396,6 +396,26 @@ TEST(EpTest, HundredRoundsWithChangingRoutings) {
   }
 }
 
+// More blocks than slots: the LowLatency receive gives each expert several blocks and the combine splits each
+// message's hidden units over several blocks (one warp per block; on HOST one thread per block).
+TEST(EpTest, WideGridsSplitExpertsAndMessagesOverBlocks) {
+  for (EpKernelType kernel : Kernels()) {
+    for (DataType dtype : {DataType::BFloat16, DataType::Float32}) {
+      Case c{Config(kernel, dtype, 3, 48, 4, 2), Routing::Mixed, 11};
+      c.cfg.blocks = 2 * N() * c.cfg.maxTokensPerRank + 3;
+      c.cfg.warpsPerBlock = 1;
+      EpDispatchCombineHandle h(c.cfg);
+      for (uint64_t round = 1; round <= 4; ++round) {
+        c.seed = static_cast<uint32_t>(round * 17 + 5);
+        c.routing = round % 2 == 0 ? Routing::Uniform : Routing::DupPe;
+        SCOPED_TRACE(std::string(EpKernelTypeName(kernel)) + " round " + std::to_string(round));
+        RunRound(h, c, round);
+        if (HasFatalFailure()) return;
+      }
+    }
+  }
+}
+
 TEST(EpTest, BadExpertAbortsTheRoundOnEveryPeAndTheNextRoundWorks) {
   for (EpKernelType kernel : Kernels()) {
     Case c{Config(kernel, DataType::Float32, 2, 16, 8, 2), Routing::Uniform, 3};
