@@ -716,7 +716,6 @@ MORI_GLOBAL void LlDispatchSendKernel(LlDispatchArgs a) {
 
 struct LlRecvArgs {
   const uint8_t* recvBuf;
-  uint64_t* sig;  // this PE's dispatch signal words, one per source
   uint64_t round;
   int world, rank, maxTokens, topk, scaleDim, expertsPerRank;
   Layout lay;
@@ -726,33 +725,22 @@ struct LlRecvArgs {
   Control* ctl;
 };
 
-// Every block waits for every source's signal; then `per` blocks take each local expert (per = grid / experts,
-// at least 1; experts strided over the grid when fewer blocks) and gather this round's messages naming it into
-// its rows, in (source, position) order: each block's threads test a block's width of slots at a time, a
-// block scan numbers the hits, and the block's warps copy its share (hit n goes to block n % per), a warp per
-// hit. Shared: kMaxWorld + 2 + 2 * blockDim ints.
+// After ReceiveKernel (which waited for every source's signal and left the counts, or the round aborted):
+// `per` blocks take each local expert (per = grid / experts, at least 1; experts strided over the grid when
+// fewer blocks) and gather this round's messages naming it into its rows, in (source, position) order: each
+// block's threads test a block's width of slots at a time, a block scan numbers the hits, and the block's
+// warps copy its share (hit n goes to block n % per), a warp per hit. No block waits for another PE here: a
+// grid of waiting blocks would hold SMs that a PE sharing the GPU (MPS) needs for its send kernel.
+// Shared: 2 * blockDim ints.
 MORI_GLOBAL void LlDispatchRecvKernel(LlRecvArgs a) {
   const int tid = static_cast<int>(core::FlatThreadIdx()), nt = static_cast<int>(core::FlatBlockDim());
-  int32_t* cnt = core::DynamicSharedMemory<int32_t>();
-  int32_t* state = cnt + kMaxWorld;  // [0]: 1 + a PE with a stale signal, [1]: 1 + a PE that aborted
-  int32_t* scan = state + 2;         // [nt]: BlockScan
-  int32_t* hits = scan + nt;         // [nt]: the slots of this pass's hits, in order
-  if (tid < 2) state[tid] = 0;
-  core::SyncThreads();
-  if (tid < a.world) {
-    cnt[tid] = AwaitSource(a.sig, tid, a.round, a.maxTokens, state, a.ctl, core::FlatBlockIdx() == 0);
+  int32_t* scan = core::DynamicSharedMemory<int32_t>();  // [nt]: BlockScan
+  int32_t* hits = scan + nt;                             // [nt]: the slots of this pass's hits, in order
+  const bool aborted = a.ctl->aborted != 0;
+  if (aborted && core::FlatBlockIdx() == 0 && tid == 0) {
+    core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&a.ctl->rows, int32_t(-1));
   }
-  core::SyncThreads();
-  // Every block sees the same signals, so all agree on whether the round is aborted.
-  const int32_t error = core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::Device>(&a.ctl->error);
-  const bool aborted = error != kNoError || state[0] != 0 || state[1] != 0;
-  if (core::FlatBlockIdx() == 0 && tid == 0) {
-    for (int s = 0; s < a.world; ++s) a.counts[s] = cnt[s];
-    if (aborted) {
-      RecordAbort(a.ctl, state[0], state[1]);
-      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&a.ctl->rows, int32_t(-1));
-    }
-  }
+  const int32_t* cnt = a.counts;
   const size_t stride = static_cast<size_t>(a.world) * a.maxTokens;
   const int slots = a.world * a.maxTokens;
   const int warps = nt / MORI_WARP_SIZE > 0 ? nt / MORI_WARP_SIZE : 1;
@@ -1164,23 +1152,25 @@ EpDispatchResult EpDispatchCombineHandle::DispatchRecv(GpuStream stream) {
                      m.Total(),
                      m.srcTokenPos.DataAs<int32_t>(),
                      m.expertCounts.DataAs<int32_t>()};
-  if (c.kernel == EpKernelType::LowLatency) {
-    LlRecvArgs la{m.recvBuf, m.sigs, m.round, W, c.rank, c.maxTokensPerRank, c.topk, c.scaleDim,
+  const bool ll = c.kernel == EpKernelType::LowLatency;
+  // One block waits for every source's signal (LowLatency: the counts only; its gather then needs no wait).
+  core::LaunchKernel(ReceiveKernel, Dim3(1), Dim3(m.routeThreads), 2 * sizeof(int32_t), stream, m.sigs, m.round, W,
+                     c.maxTokensPerRank, m.Counts(1), m.Counts(2), ll ? nullptr : m.Total(),
+                     ll ? nullptr : m.expertCounts.DataAs<int32_t>(), ll ? 0 : c.numExpertsPerRank, m.Ctl());
+  CheckLaunch("dispatch receive");
+  if (ll) {
+    LlRecvArgs la{m.recvBuf, m.round, W, c.rank, c.maxTokensPerRank, c.topk, c.scaleDim,
                   c.numExpertsPerRank, m.lay, m.Counts(1), r, m.rowOf.DataAs<int32_t>(), m.Ctl()};
     // Blocks per local expert: as many as the grid holds whole.
     const unsigned E = static_cast<unsigned>(c.numExpertsPerRank);
     const unsigned blocks = m.blocks >= E ? m.blocks / E * E : m.blocks;
     core::LaunchKernel(LlDispatchRecvKernel, Dim3(std::max(blocks, 1u)), Dim3(m.routeThreads),
-                       (kMaxWorld + 2 + 2 * m.routeThreads) * sizeof(int32_t), stream, la);
-    CheckLaunch("low-latency dispatch receive");
+                       2 * m.routeThreads * sizeof(int32_t), stream, la);
+    CheckLaunch("low-latency dispatch gather");
     r.totalRecv = &m.Ctl()->rows;
     r.expertStride = static_cast<int64_t>(W) * c.maxTokensPerRank;
     return r;
   }
-  core::LaunchKernel(ReceiveKernel, Dim3(1), Dim3(m.routeThreads), 2 * sizeof(int32_t), stream, m.sigs, m.round, W,
-                     c.maxTokensPerRank, m.Counts(1),
-                     m.Counts(2), m.Total(), m.expertCounts.DataAs<int32_t>(), c.numExpertsPerRank, m.Ctl());
-  CheckLaunch("dispatch receive");
   UnpackArgs ua{m.recvBuf, m.Counts(2), m.Total(), W, c.rank, c.maxTokensPerRank, c.topk, c.scaleDim,
                 c.numExpertsPerRank, m.lay, r, m.Ctl()};
   core::LaunchKernel(UnpackKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, ua);
