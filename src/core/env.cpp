@@ -21,7 +21,8 @@ const std::vector<EnvParamInfo> kRegistry = {
     {"MORI_LOG_SUBSYS", EnvType::String, "all", "",
      "subsystems that log: comma list of core,bootstrap,ipc,gpu,rdma,shmem,proxy,net or all; ^list excludes"},
     {"MORI_TIMEOUT_S", EnvType::Int, "120", "",
-     "seconds any wait on another process, thread or device may take before it fails naming what it awaited"},
+     "seconds (1 to 2592000, 30 days) any wait on another process, thread or device may take before it fails "
+     "naming what it awaited"},
     {"MORI_SOCKET_IFNAME", EnvType::String, "", "",
      "network interfaces for sockets, comma separated (eth1,eth2); the first serves the bootstrap"},
     {"MORI_BOOTSTRAP_ADDR", EnvType::String, "", "",
@@ -193,8 +194,11 @@ std::vector<std::string> UnknownMoriEnvVars() {
 
 double TimeoutSeconds() {
   int64_t s = EnvGetInt("MORI_TIMEOUT_S");
-  MORI_CHECK(s > 0, ErrorCode::InvalidUsage, "MORI_TIMEOUT_S=%lld must be a positive number of seconds",
-             static_cast<long long>(s));
+  // The bound keeps every deadline made from it (host clocks and the kernels' nanosecond counters) far from
+  // overflow; a wait of 30 days is as good as none.
+  MORI_CHECK(s > 0 && s <= kMaxTimeoutS, ErrorCode::InvalidUsage,
+             "MORI_TIMEOUT_S=%lld must be a number of seconds in [1, %lld] (30 days)", static_cast<long long>(s),
+             static_cast<long long>(kMaxTimeoutS));
   return static_cast<double>(s);
 }
 

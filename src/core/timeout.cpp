@@ -7,7 +7,9 @@
 namespace mori::core {
 
 Deadline Deadline::After(double seconds) {
-  auto span = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  // Beyond about 30 years (or not a number) the span would overflow the clock's nanoseconds: no end then.
+  if (!(seconds < 1e9)) return Never();
+  auto span = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds < 0 ? 0 : seconds));
   return Deadline(Clock::now() + span, seconds);
 }
 

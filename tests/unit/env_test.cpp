@@ -1,9 +1,13 @@
 // The MORI_* registry: defaults, typed parsing, clear errors for malformed values and unknown names.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+
 #include "../common/test_util.hpp"
 #include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
+#include "mori/core/timeout.hpp"
 
 namespace mori::core {
 namespace {
@@ -49,6 +53,37 @@ TEST(Env, MalformedValuesNameTheVariable) {
 TEST(Env, NonPositiveTimeoutIsRefused) {
   ScopedEnv t("MORI_TIMEOUT_S", "0");
   EXPECT_THROW(TimeoutSeconds(), Error);
+}
+
+// Values whose deadlines would overflow (nanosecond clocks) are refused with the bound named.
+TEST(Env, TimeoutAboveThirtyDaysIsRefused) {
+  {
+    ScopedEnv t("MORI_TIMEOUT_S", "2592000");
+    EXPECT_DOUBLE_EQ(TimeoutSeconds(), 2592000.0);
+  }
+  for (const char* big : {"2592001", "9223372036854775", "99999999999999"}) {
+    ScopedEnv t("MORI_TIMEOUT_S", big);
+    try {
+      TimeoutSeconds();
+      FAIL() << "no error for MORI_TIMEOUT_S=" << big;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.Code(), ErrorCode::InvalidUsage);
+      EXPECT_NE(std::string(e.what()).find("[1, 2592000]"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Env, DeadlinesOfHugeOrInvalidSpansDoNotOverflow) {
+  for (double s : {1e12, 1e300, std::numeric_limits<double>::infinity(), std::nan("")}) {
+    const Deadline d = Deadline::After(s);
+    EXPECT_FALSE(d.Expired()) << s;
+    EXPECT_GT(d.RemainingSeconds(), 1e8) << s;
+  }
+  const Deadline past = Deadline::After(-5);
+  EXPECT_TRUE(past.Expired() || past.RemainingSeconds() < 0.01);
+  const Deadline soon = Deadline::After(3600);
+  EXPECT_FALSE(soon.Expired());
+  EXPECT_NEAR(soon.RemainingSeconds(), 3600, 5);
 }
 
 TEST(Env, UnregisteredNamesAreErrors) {

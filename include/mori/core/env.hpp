@@ -42,7 +42,8 @@ int64_t ParseInt(const std::string& text, const std::string& what);
 // MORI_* names set in the environment that the registry does not know (likely typos).
 std::vector<std::string> UnknownMoriEnvVars();
 
-// The bound on every wait that could hang (MORI_TIMEOUT_S), in seconds.
+// The bound on every wait that could hang (MORI_TIMEOUT_S), in seconds: 1 to kMaxTimeoutS, else InvalidUsage.
+constexpr int64_t kMaxTimeoutS = 30LL * 24 * 3600;
 double TimeoutSeconds();
 
 }  // namespace mori::core
