@@ -31,8 +31,10 @@ struct PeInfo {
 
 const char* const kTransportChoices[] = {"auto", "p2p", "rdma", "proxy"};
 
+constexpr int32_t kTransportChoiceCount = sizeof(kTransportChoices) / sizeof(kTransportChoices[0]);
+
 int TransportChoiceIndex(const std::string& choice) {
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < kTransportChoiceCount; ++i) {
     if (choice == kTransportChoices[i]) return i;
   }
   return 0;
@@ -79,6 +81,10 @@ size_t HeapBytesFromEnvironment() {
 
 }  // namespace
 
+const char* TransportChoiceName(int32_t index) {
+  return index >= 0 && index < kTransportChoiceCount ? kTransportChoices[index] : "an unknown choice";
+}
+
 Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
     : bootstrap_(std::move(bootstrap)),
       heapBytes_(HeapBytesFromEnvironment()),
@@ -123,7 +129,7 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
                static_cast<unsigned long long>(mine.heapBytes));
     MORI_CHECK(p.transportChoice == mine.transportChoice, ErrorCode::InvalidUsage,
                "MORI_SHMEM_TRANSPORT differs between PEs: PE %d has %s, PE %d has %s", pe,
-               kTransportChoices[p.transportChoice], rank_, kTransportChoices[mine.transportChoice]);
+               TransportChoiceName(p.transportChoice), rank_, TransportChoiceName(mine.transportChoice));
     MORI_CHECK(p.qpsPerPe == mine.qpsPerPe, ErrorCode::InvalidUsage,
                "MORI_SHMEM_QPS_PER_PE differs between PEs: PE %d has %u, PE %d has %u", pe, p.qpsPerPe, rank_,
                mine.qpsPerPe);

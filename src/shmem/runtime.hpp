@@ -21,6 +21,10 @@
 
 namespace mori::shmem {
 
+// The MORI_SHMEM_TRANSPORT choice that index `index` stands for in what PEs exchange at init ("auto", "p2p",
+// "rdma", "proxy"); a value outside them (a peer's corrupt or hostile bytes) gets "an unknown choice".
+const char* TransportChoiceName(int32_t index);
+
 class Runtime {
  public:
   explicit Runtime(std::shared_ptr<core::Bootstrap> bootstrap);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "mori/core/kernel.hpp"
 #include "mori/shmem/shmem_api.hpp"
 #include "mori/shmem/shmem_device_api.hpp"
+#include "runtime.hpp"
 #include "symmetric_heap.hpp"
 
 namespace mori::shmem {
@@ -599,6 +601,16 @@ TEST_F(ShmemSingleTest, ProxyConnectionChoiceMustBeKnown) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "PE 1 status " << status;
   unsetenv("MORI_SHMEM_TRANSPORT");
   unsetenv("MORI_SHMEM_PROXY_CONN");
+}
+
+// What PEs exchange at init names their MORI_SHMEM_TRANSPORT by index; the error that reports a mismatch
+// names a peer's index without reading outside the table, whatever the peer sent.
+TEST(ShmemInitExchange, TransportChoiceNamesStayInsideTheTable) {
+  EXPECT_STREQ(TransportChoiceName(0), "auto");
+  EXPECT_STREQ(TransportChoiceName(1), "p2p");
+  EXPECT_STREQ(TransportChoiceName(2), "rdma");
+  EXPECT_STREQ(TransportChoiceName(3), "proxy");
+  for (int32_t bad : {-1, 4, 5, 1000, INT_MAX, INT_MIN}) EXPECT_STREQ(TransportChoiceName(bad), "an unknown choice");
 }
 
 }  // namespace
