@@ -88,6 +88,7 @@ RegisteredMemory RegisterCommMemory(Communicator::Impl& comm, void* ptr, size_t 
   m->ownerRank = rank;
   m->ownerHostId = comm.topology.hostIds.at(static_cast<size_t>(rank));
   m->ownerPid = static_cast<uint64_t>(getpid());
+  m->ownerToken = core::ProcessToken();
   m->local = true;
   m->deviceMemory = IsDeviceMemoryPointer(ptr);
   m->transports = transports;

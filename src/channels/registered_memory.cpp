@@ -104,6 +104,7 @@ std::vector<uint8_t> RegisteredMemory::Serialize() const {
   w.Put(m.transports.Bits());
   w.Put(static_cast<uint8_t>(m.deviceMemory ? 1 : 0));
   for (int i = 0; i < 3; ++i) w.Put(uint8_t{0});
+  w.Put(m.ownerToken);
   for (int i = 0; i < kNumTransports; ++i) {
     auto t = static_cast<Transport>(i);
     if (!m.transports.Has(t)) continue;
@@ -156,6 +157,7 @@ std::shared_ptr<RegisteredMemory::Impl> ParseRegisteredMemory(const std::vector<
   auto bits = r.Get<uint32_t>("transport flags");
   auto device = r.Get<uint8_t>("device memory flag");
   for (int i = 0; i < 3; ++i) r.Get<uint8_t>("padding");
+  m->ownerToken = r.Get<uint64_t>("owner process token");
   MORI_CHECK(m->ownerRank >= -1, ErrorCode::Protocol, "registered memory bytes: owner rank %d", m->ownerRank);
   MORI_CHECK(m->size > 0, ErrorCode::Protocol, "registered memory bytes: size 0 (rank %d, pointer %p)", m->ownerRank,
              m->originalData);
@@ -220,7 +222,7 @@ std::shared_ptr<RegisteredMemory::Impl> ParseRegisteredMemory(const std::vector<
              "registered memory bytes: the transport flags name %s, the entries only %s",
              m->transports.ToString().c_str(), seen.ToString().c_str());
 
-  if (m->ownerHostId == HostIdentity() && m->ownerPid == ThisPid()) {
+  if (m->ownerHostId == HostIdentity() && m->ownerPid == ThisPid() && m->ownerToken == ProcessToken()) {
     m->data = m->originalData;
     m->local = true;
   }
@@ -268,6 +270,7 @@ RegisteredMemory MakeRegisteredView(const RegisteredMemory& parent, uint64_t off
   v->ownerRank = p.ownerRank;
   v->ownerHostId = p.ownerHostId;
   v->ownerPid = p.ownerPid;
+  v->ownerToken = p.ownerToken;
   v->local = true;
   v->deviceMemory = p.deviceMemory;
   v->transports = p.transports;

@@ -35,6 +35,7 @@ struct RegisteredMemory::Impl {
   int ownerRank = -1;
   uint64_t ownerHostId = 0;      // HostIdentity() of the owner
   uint64_t ownerPid = 0;
+  uint64_t ownerToken = 0;       // ProcessToken() of the owner: local only where it, the host id and pid match
   bool local = false;
   bool deviceMemory = false;
   TransportFlags transports;
@@ -74,19 +75,20 @@ struct RegisteredMemory::Impl {
 
 // Serialize's bytes (little-endian, packed):
 //   header   u32 magic "MGRM", u16 version, u16 entry count, u32 total bytes, i32 owner rank, u64 owner host id,
-//            u64 owner pid, u64 original pointer, u64 size, u32 transport bits, u8 device memory, u8[3] zero
+//            u64 owner pid, u64 original pointer, u64 size, u32 transport bits, u8 device memory, u8[3] zero,
+//            u64 owner process token (version 2)
 //   entries  one per transport in the bits, in increasing transport order: u32 transport, u32 payload bytes, then
 //            CudaIpc: IpcMemoryHandle (112 bytes); IBn/Emulated: u64 addr, u32 lkey, u32 rkey, u32 backend,
 //            u32 zero (24 bytes); Tcp: u32 key (4 bytes).
 constexpr uint32_t kRegisteredMemoryMagic = 0x4d52474dU;  // "MGRM"
-constexpr uint16_t kRegisteredMemoryVersion = 1;
-constexpr size_t kRegisteredMemoryHeaderBytes = 56;
+constexpr uint16_t kRegisteredMemoryVersion = 2;
+constexpr size_t kRegisteredMemoryHeaderBytes = 64;
 constexpr size_t kRegisteredMemoryEntryHeaderBytes = 8;
 constexpr size_t kRdmaEntryBytes = 24;
 constexpr size_t kTcpEntryBytes = 4;
 
 // Validates `bytes` (Error(Protocol) naming what is wrong) and builds the memory without mapping anything:
-// in the owner's process (same host id and pid) data is the original pointer and the memory is local, else
+// in the owner's process (same host id, pid and process token) data is the original pointer and the memory is local, else
 // data is nullptr.
 std::shared_ptr<RegisteredMemory::Impl> ParseRegisteredMemory(const std::vector<uint8_t>& bytes);
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <random>
 
 #include "mori/core/format.hpp"
 
@@ -38,6 +39,16 @@ std::string HostName() {
 std::string HostIdentityText() {
   return StrFormat("host %s, boot %s, %s", HostName().c_str(),
                    ReadFirstLine("/proc/sys/kernel/random/boot_id").c_str(), NetNamespace().c_str());
+}
+
+uint64_t ProcessToken() {
+  static const uint64_t token = [] {
+    std::random_device source;  // the kernel's random source (getrandom) on Linux
+    uint64_t t = 0;
+    while (t == 0) t = (static_cast<uint64_t>(source()) << 32) ^ source();
+    return t;
+  }();
+  return token;
 }
 
 uint64_t HostIdentity() {

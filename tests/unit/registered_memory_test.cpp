@@ -29,6 +29,8 @@ std::shared_ptr<RegisteredMemory::Impl> MakeImpl(TransportFlags transports, uint
   m->ownerRank = 3;
   m->ownerHostId = HostIdentity();
   m->ownerPid = pid;
+  // This process's token with its pid; another process's (any other value) with another pid.
+  m->ownerToken = pid == static_cast<uint64_t>(getpid()) ? ProcessToken() : ProcessToken() ^ 0x5eed;
   m->deviceMemory = true;
   m->transports = transports;
   if (transports.Has(Transport::CudaIpc)) {
@@ -89,6 +91,7 @@ void ExpectSame(const RegisteredMemory::Impl& a, const RegisteredMemory::Impl& b
   EXPECT_EQ(a.ownerRank, b.ownerRank);
   EXPECT_EQ(a.ownerHostId, b.ownerHostId);
   EXPECT_EQ(a.ownerPid, b.ownerPid);
+  EXPECT_EQ(a.ownerToken, b.ownerToken);
   EXPECT_EQ(a.deviceMemory, b.deviceMemory);
   EXPECT_EQ(a.transports, b.transports);
   EXPECT_EQ(a.hasIpc, b.hasIpc);
@@ -130,6 +133,25 @@ TEST(RegisteredMemoryWire, OwnBytesComeBackLocal) {
   RegisteredMemory back = RegisteredMemory::Deserialize(RegisteredMemory(original).Serialize());
   EXPECT_TRUE(back.IsLocal());
   EXPECT_EQ(back.Data(), reinterpret_cast<void*>(kPointer));
+}
+
+// Local means this very process: the same host and pid with another process's token (a process of the same pid
+// in another container sharing the host's network) is a peer, and so is this token under another pid (a
+// forked child's memory).
+TEST(RegisteredMemoryWire, SamePidInAnotherProcessIsNotLocal) {
+  auto stranger = MakeImpl(Transport::Emulated | Transport::Tcp, static_cast<uint64_t>(getpid()));
+  stranger->ownerToken = ProcessToken() + 1;
+  RegisteredMemory back = RegisteredMemory::Deserialize(RegisteredMemory(stranger).Serialize());
+  EXPECT_FALSE(back.IsLocal());
+  EXPECT_EQ(back.Data(), nullptr);
+
+  auto child = MakeImpl(Transport::Emulated | Transport::Tcp, OtherPid());
+  child->ownerToken = ProcessToken();
+  back = RegisteredMemory::Deserialize(RegisteredMemory(child).Serialize());
+  EXPECT_FALSE(back.IsLocal());
+  EXPECT_EQ(back.Data(), nullptr);
+  EXPECT_NE(ProcessToken(), 0u);
+  EXPECT_EQ(ProcessToken(), ProcessToken());
 }
 
 TEST(RegisteredMemoryWire, RealRegistrationRoundTrips) {
@@ -179,8 +201,12 @@ TEST(RegisteredMemoryWire, BadMagicVersionAndLengths) {
   ExpectRejected(b, "bad magic");
 
   b = AllBytes();
-  Poke<uint16_t>(b, 4, 2);
-  ExpectRejected(b, "version 2");
+  Poke<uint16_t>(b, 4, 3);
+  ExpectRejected(b, "version 3");
+
+  b = AllBytes();
+  Poke<uint16_t>(b, 4, 1);  // before the process token
+  ExpectRejected(b, "version 1");
 
   b = AllBytes();
   ExpectRejected(std::vector<uint8_t>(b.begin(), b.begin() + 30), "truncated");

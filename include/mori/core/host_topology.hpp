@@ -15,6 +15,10 @@ namespace mori::core {
 uint64_t HostIdentity();
 // The same facts in readable form, for logs and mori-info.
 std::string HostIdentityText();
+// 64 random bits drawn once per process (never 0): what says "made in this very process" where host facts and
+// a pid do not (two containers sharing the host's network and boot id can each have a process of the same
+// pid). A forked child keeps its parent's token, and its pid tells it apart.
+uint64_t ProcessToken();
 
 struct HostTopology {
   int rank = 0;
