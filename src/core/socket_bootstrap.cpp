@@ -673,6 +673,9 @@ void SocketBootstrap::Broadcast(void* data, size_t bytes, int root) { impl_->Bro
 
 void Bootstrap::SendBytes(const std::vector<uint8_t>& data, int peer, int tag) {
   uint64_t n = data.size();
+  MORI_CHECK(n <= kMaxBytesMessage, ErrorCode::InvalidUsage,
+             "rank %d: SendBytes of %llu bytes to rank %d (tag %d): at most %llu bytes go in one message", GetRank(),
+             static_cast<unsigned long long>(n), peer, tag, static_cast<unsigned long long>(kMaxBytesMessage));
   Send(&n, sizeof(n), peer, tag);
   Send(data.data(), data.size(), peer, tag);
 }
@@ -680,6 +683,11 @@ void Bootstrap::SendBytes(const std::vector<uint8_t>& data, int peer, int tag) {
 std::vector<uint8_t> Bootstrap::RecvBytes(int peer, int tag) {
   uint64_t n = 0;
   Recv(&n, sizeof(n), peer, tag);
+  MORI_CHECK(n <= kMaxBytesMessage, ErrorCode::Protocol,
+             "rank %d: rank %d announced a %llu-byte message (tag %d); at most %llu bytes come in one: refused before "
+             "allocating it",
+             GetRank(), peer, static_cast<unsigned long long>(n), tag,
+             static_cast<unsigned long long>(kMaxBytesMessage));
   std::vector<uint8_t> data(n);
   Recv(data.data(), data.size(), peer, tag);
   return data;

@@ -113,3 +113,71 @@ TEST(UniqueIdTest, RankAndSizeAreValidated) {
 
 }  // namespace
 }  // namespace mori::core::bootstrap_wire
+
+namespace mori::core {
+namespace {
+
+// A bootstrap whose peer "sends" scripted bytes: what RecvBytes does with a hostile length prefix.
+class ScriptedBootstrap : public Bootstrap {
+ public:
+  explicit ScriptedBootstrap(std::vector<std::vector<uint8_t>> script) : script_(std::move(script)) {}
+  int GetRank() const override { return 0; }
+  int GetNranks() const override { return 2; }
+  void Send(const void* data, size_t bytes, int, int) override {
+    sent_.emplace_back(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
+  }
+  void Recv(void* data, size_t bytes, int, int) override {
+    ASSERT_LT(next_, script_.size()) << "a receive the script did not expect";
+    ASSERT_EQ(script_[next_].size(), bytes) << "receive " << next_;
+    std::memcpy(data, script_[next_].data(), bytes);
+    ++next_;
+  }
+  void AllGather(void*, size_t) override {}
+  void Barrier() override {}
+  void Broadcast(void*, size_t, int) override {}
+  size_t received() const { return next_; }
+  const std::vector<std::vector<uint8_t>>& sent() const { return sent_; }
+
+ private:
+  std::vector<std::vector<uint8_t>> script_;
+  size_t next_ = 0;
+  std::vector<std::vector<uint8_t>> sent_;
+};
+
+std::vector<uint8_t> Length(uint64_t n) {
+  std::vector<uint8_t> b(8);
+  std::memcpy(b.data(), &n, 8);
+  return b;
+}
+
+TEST(BootstrapBytes, AnnouncedLengthsAboveTheBoundAreRefusedBeforeAllocating) {
+  for (uint64_t n : {Bootstrap::kMaxBytesMessage + 1, uint64_t(1) << 40, ~uint64_t(0)}) {
+    ScriptedBootstrap b({Length(n)});
+    try {
+      b.RecvBytes(1, 7);
+      FAIL() << "a " << n << "-byte announcement was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.Code(), ErrorCode::Protocol);
+      EXPECT_NE(std::string(e.what()).find("rank 1 announced a " + std::to_string(n) + "-byte message"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(b.received(), 1u) << "nothing is read after the refused length";
+  }
+}
+
+TEST(BootstrapBytes, MessagesUpToTheBoundRoundTrip) {
+  std::vector<uint8_t> payload(1000);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7 + 3);
+  ScriptedBootstrap b({Length(payload.size()), payload, Length(0), {}});
+  EXPECT_EQ(b.RecvBytes(1, 7), payload);
+  EXPECT_TRUE(b.RecvBytes(1, 7).empty());
+  b.SendBytes(payload, 1, 7);
+  ASSERT_EQ(b.sent().size(), 2u);
+  EXPECT_EQ(b.sent()[0], Length(payload.size()));
+  EXPECT_EQ(b.sent()[1], payload);
+  EXPECT_THROW(b.SendBytes(std::vector<uint8_t>(Bootstrap::kMaxBytesMessage + 1), 1, 7), Error);
+}
+
+}  // namespace
+}  // namespace mori::core

@@ -36,7 +36,10 @@ class Bootstrap {
     AllGather(all.data(), sizeof(T));
     return all;
   }
-  void SendBytes(const std::vector<uint8_t>& data, int peer, int tag);   // length-prefixed
+  // Length-prefixed bytes of at most kMaxBytesMessage (descriptors, handles): a larger announced length is an
+  // error naming the peer and the length, raised before anything is allocated for it.
+  static constexpr uint64_t kMaxBytesMessage = 1ull << 20;
+  void SendBytes(const std::vector<uint8_t>& data, int peer, int tag);
   std::vector<uint8_t> RecvBytes(int peer, int tag);
 };
 
