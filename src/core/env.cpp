@@ -23,6 +23,9 @@ const std::vector<EnvParamInfo> kRegistry = {
     {"MORI_TIMEOUT_S", EnvType::Int, "120", "",
      "seconds (1 to 2592000, 30 days) any wait on another process, thread or device may take before it fails "
      "naming what it awaited"},
+    {"MORI_BOOTSTRAP_MAX_PENDING", EnvType::Size, "2g", "",
+     "bytes of bootstrap messages from other ranks that a rank holds before it receives them; a peer that sends "
+     "more is dropped with an error naming it"},
     {"MORI_SOCKET_IFNAME", EnvType::String, "", "",
      "network interfaces for sockets, comma separated (eth1,eth2); the first serves the bootstrap"},
     {"MORI_BOOTSTRAP_ADDR", EnvType::String, "", "",

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <list>
@@ -260,9 +261,13 @@ class SocketBootstrap::Impl {
     bool counted = false;       // the root has counted this registration
     FrameHeader header{};
     size_t headerGot = 0;
-    std::vector<uint8_t> payload;
+    std::vector<uint8_t> payload;  // grows as the payload arrives, never ahead of it by more than a piece
     size_t payloadGot = 0;
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();  // accepted at
   };
+  // A frame's payload is received into memory that grows with what came (doubling from 1 MiB), so a header
+  // announcing 2 GiB costs nothing until the bytes are there.
+  static constexpr size_t kPayloadPiece = size_t(1) << 20;
   using StashKey = std::tuple<int, uint16_t, int>;  // (source rank, frame type, tag)
 
   void CheckReady(const char* op) const {
@@ -439,6 +444,7 @@ class SocketBootstrap::Impl {
       if (it != stash_.end() && !it->second.empty()) {
         std::vector<uint8_t> msg = std::move(it->second.front());
         it->second.pop_front();
+        if (peer != rank_) pendingBytes_ -= msg.size();
         if (it->second.empty()) stash_.erase(it);
         if (msg.size() != bytes) {
           throw Error(ErrorCode::InvalidUsage,
@@ -479,12 +485,27 @@ class SocketBootstrap::Impl {
     int n = poll(fds.data(), fds.size(), std::max(ms, 0));
     if (n < 0 && errno == EINTR) return;
     MORI_CHECK_SYS(n);
-    if (n == 0) return;
-    if (fds[0].revents & POLLIN) AcceptAll();
-    for (size_t i = 0; i < order.size(); ++i) {
-      if (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) ReadFrom(*order[i]);
+    if (n > 0) {
+      if (fds[0].revents & POLLIN) AcceptAll();
+      for (size_t i = 0; i < order.size(); ++i) {
+        if (fds[i + 1].revents & (POLLIN | POLLHUP | POLLERR)) ReadFrom(*order[i]);
+      }
     }
+    DropSilentStrangers();
     incoming_.remove_if([](const Incoming& in) { return !in.fd; });
+  }
+
+  // A connection that has not said who it is (no complete hello) within kHelloWaitS of being accepted (or the
+  // bootstrap's timeout, if shorter) is closed: a rank sends its hello as soon as it connects.
+  static constexpr double kHelloWaitS = 5;
+  void DropSilentStrangers() {
+    const auto now = std::chrono::steady_clock::now();
+    const double bound = std::min(timeout_, kHelloWaitS);
+    for (Incoming& in : incoming_) {
+      if (!in.fd || in.srcRank >= 0 || in.registration) continue;
+      const double idle = std::chrono::duration<double>(now - in.since).count();
+      if (idle >= bound) DropConnection(in, StrFormat("sent no hello within %.0f s", bound));
+    }
   }
 
   void AcceptAll() {
@@ -523,6 +544,10 @@ class SocketBootstrap::Impl {
         dst = reinterpret_cast<uint8_t*>(&in.header) + in.headerGot;
         want = sizeof(FrameHeader) - in.headerGot;
       } else {
+        if (in.payloadGot == in.payload.size() && in.payloadGot < in.header.length) {
+          const size_t grown = in.payloadGot + std::max(kPayloadPiece, in.payloadGot);
+          in.payload.resize(static_cast<size_t>(std::min<uint64_t>(in.header.length, grown)));
+        }
         dst = in.payload.data() + in.payloadGot;
         want = in.payload.size() - in.payloadGot;
       }
@@ -537,7 +562,10 @@ class SocketBootstrap::Impl {
         bool midFrame = in.headerGot > 0;
         DropConnection(in, midFrame ? StrFormat("closed its connection in the middle of a frame (%zu of %zu header "
                                                 "bytes, %zu of %zu payload bytes: truncated)",
-                                                in.headerGot, sizeof(FrameHeader), in.payloadGot, in.payload.size())
+                                                in.headerGot, sizeof(FrameHeader), in.payloadGot,
+                                                in.headerGot < sizeof(FrameHeader)
+                                                    ? size_t{0}
+                                                    : static_cast<size_t>(in.header.length))
                                     : std::string("closed its bootstrap connection (process exited?)"));
         return;
       }
@@ -559,12 +587,12 @@ class SocketBootstrap::Impl {
           DropConnection(in, "sent malformed bytes: " + bad);
           return;
         }
-        in.payload.assign(in.header.length, 0);
+        in.payload.clear();
         in.payloadGot = 0;
       } else {
         in.payloadGot += static_cast<size_t>(n);
       }
-      if (in.payloadGot < in.payload.size()) continue;
+      if (in.payloadGot < in.header.length) continue;
       FrameComplete(in);
       in.headerGot = 0;
       in.payloadGot = 0;
@@ -602,6 +630,13 @@ class SocketBootstrap::Impl {
       in.headerGot = 0;
       return;
     }
+    if (pendingBytes_ + in.payload.size() > maxPending_) {
+      DropConnection(in, StrFormat("sent %zu more bytes while %zu sent to this rank were not received yet (at most "
+                                   "%zu wait: MORI_BOOTSTRAP_MAX_PENDING)",
+                                   in.payload.size(), pendingBytes_, maxPending_));
+      return;
+    }
+    pendingBytes_ += in.payload.size();
     stash_[StashKey(in.srcRank, in.header.type, in.header.tag)].push_back(std::move(in.payload));
   }
 
@@ -618,6 +653,8 @@ class SocketBootstrap::Impl {
   std::vector<UniqueFd> outgoing_;
   std::list<Incoming> incoming_;
   std::map<StashKey, std::deque<std::vector<uint8_t>>> stash_;
+  size_t pendingBytes_ = 0;  // in the stash from other ranks
+  size_t maxPending_ = static_cast<size_t>(EnvGetSize("MORI_BOOTSTRAP_MAX_PENDING"));
   std::map<int, std::string> deadPeers_;
   std::string registrationError_;
 };

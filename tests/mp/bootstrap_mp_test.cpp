@@ -5,8 +5,10 @@
 
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -277,9 +279,16 @@ TEST(BootstrapFailures, MalformedOrTruncatedFramesFromAPeerAreClearErrors) {
   data.length = 1000;
   std::vector<uint8_t> truncated(sizeof(data) + 10);
   std::memcpy(truncated.data(), &data, sizeof(data));
+  // A header announcing 1 GiB followed by 10 bytes: received in pieces as they come, nothing of the size
+  // allocated up front.
+  bootstrap_wire::FrameHeader huge = data;
+  huge.length = 1ull << 30;
+  std::vector<uint8_t> hugeTruncated(sizeof(huge) + 10, 0x33);
+  std::memcpy(hugeTruncated.data(), &huge, sizeof(huge));
   std::vector<Case> cases = {
       {"garbage", std::vector<uint8_t>(64, 0x5a), "sent malformed bytes: bad magic"},
       {"truncated", truncated, "in the middle of a frame"},
+      {"1 GiB announced, 10 bytes sent", hugeTruncated, "10 of 1073741824 payload bytes"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -304,6 +313,65 @@ TEST(BootstrapFailures, MalformedOrTruncatedFramesFromAPeerAreClearErrors) {
     });
     test::ExpectAllSucceed(outcomes);
   }
+}
+
+// A connection that never says who it is is closed after the bootstrap's timeout; the job goes on.
+TEST(BootstrapFailures, ASilentStrangerIsClosedAfterFiveSeconds) {
+  const std::string root = LoopbackRoot();
+  auto outcomes = RunProcesses(3, [&](int rank) {
+    if (rank == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      net::SocketAddress a = net::SocketAddress::Parse(root);
+      UniqueFd fd = net::ConnectWithRetry(a, Deadline::After(10), "test target");
+      // Held open, silent, until the root has closed it (a read sees the end) or 10 s.
+      char c;
+      net::SetNonBlocking(fd.Get(), false);
+      timeval tv{10, 0};
+      setsockopt(fd.Get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      return recv(fd.Get(), &c, 1, 0) == 0 ? 0 : 1;  // 0: closed by the root
+    }
+    SocketBootstrap b(rank, 2);
+    testing::internal::CaptureStderr();
+    b.Initialize(root, 15);
+    // Rank 0 waits in the all-gather (where connections are served) while rank 1 is 6 s late.
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(6000));
+    auto all = b.AllGatherValue(rank + 100);
+    std::string log = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(all[0], 100);
+    EXPECT_EQ(all[1], 101);
+    if (rank == 0) {
+      EXPECT_NE(log.find("sent no hello within 5 s"), std::string::npos) << log;
+    }
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
+}
+
+// A peer that sends more than MORI_BOOTSTRAP_MAX_PENDING bytes nobody receives is dropped, and whoever waits
+// for it hears why.
+TEST(BootstrapFailures, APeerFloodingUnreceivedMessagesIsDropped) {
+  const std::string root = LoopbackRoot();
+  auto outcomes = RunProcesses(2, [&](int rank) {
+    setenv("MORI_BOOTSTRAP_MAX_PENDING", "1m", 1);
+    SocketBootstrap b(rank, 2);
+    b.Initialize(root, 10);
+    if (rank == 1) {
+      std::vector<uint8_t> big(512 << 10, 0x42);
+      try {
+        for (int i = 0; i < 3; ++i) b.Send(big.data(), big.size(), 0, 9);
+      } catch (const Error&) {
+        // the root may have closed the connection before the last one went
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return 0;
+    }
+    int v;
+    ErrorCode code{};
+    ThrowsMentioning([&] { b.Recv(&v, sizeof(v), 1, 4); }, "were not received yet", &code);
+    EXPECT_EQ(code, ErrorCode::RemoteFailure);
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
 }
 
 TEST(BootstrapFailures, AProcessOfAnotherJobIsRefused) {
