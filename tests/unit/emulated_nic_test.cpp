@@ -3,6 +3,8 @@
 // error an RC NIC reports (keys, access, bounds, inline size, alignment, RNR, link loss), each checked for
 // the right syndrome and for memory outside the target left untouched.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 
 #include <cstring>
 #include <thread>
@@ -17,6 +19,8 @@
 #include "mori/rdma/device_primitives.hpp"
 #include "mori/rdma/emulated.hpp"
 #include "mori/rdma/rdma.hpp"
+#include "../../src/rdma/emulated/wire.hpp"
+#include "socket.hpp"
 
 namespace mori::rdma {
 namespace {
@@ -26,6 +30,8 @@ using core::Dim3;
 using core::GpuBuffer;
 using core::MemoryType;
 using namespace mlx5;
+namespace net = core::net;
+using core::UniqueFd;
 constexpr ProviderType kMlx5 = ProviderType::MLX5;
 constexpr uint64_t kTimeoutNs = 60'000'000'000ull;
 
@@ -591,6 +597,45 @@ TEST_F(EmulatedNic, ACorruptedKeyIsARemoteAccessError) {
   OpResult r = RunOp(0, srcMr.addr, srcMr.lkey, dstMr.addr, dstMr.rkey, 64);
   ASSERT_TRUE(IsCqError(r.status));
   EXPECT_EQ(CqErrorSyndrome(r.status), kSyndromeRemoteAccessErr);
+}
+
+// A stranger on the NIC's wire announcing a 1 GiB write and sending 16 bytes of it: the NIC receives payloads
+// in pieces as they come (its memory does not grow by the announced size), drops the connection when it
+// closes, and the connected QPs go on working.
+TEST_F(EmulatedNic, AHugeAnnouncedPayloadCostsNothingUntilItArrives) {
+  Connect();
+  net::WireAddress w{};
+  w.family = AF_INET;
+  w.port = static_cast<uint16_t>(epB_.handle.wirePort);
+  std::memcpy(w.addr, epB_.handle.gid + 12, 4);
+  rusage before{};
+  getrusage(RUSAGE_SELF, &before);
+  {
+    UniqueFd fd = net::ConnectWithRetry(net::SocketAddress::FromWire(w), core::Deadline::After(10), "the emulated NIC");
+    emulated::PacketHeader h{};
+    h.magic = emulated::kWireMagic;
+    h.version = emulated::kWireVersion;
+    h.type = 1;  // a write request
+    h.dstQpn = epB_.handle.qpn;
+    h.length = 1ull << 30;
+    std::vector<uint8_t> bytes(sizeof(h) + 16, 0x6b);
+    std::memcpy(bytes.data(), &h, sizeof(h));
+    net::SendAll(fd.Get(), bytes.data(), bytes.size(), core::Deadline::After(10), "the emulated NIC");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the NIC reads what came
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  rusage after{};
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 * 1024) << "KiB of peak memory the announcement cost";
+
+  GpuBuffer& src = Alloc(4096);
+  GpuBuffer& dst = Alloc(4096);
+  Fill(src, 3, 7);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  OpResult r = RunOp(0, srcMr.addr, srcMr.lkey, dstMr.addr, dstMr.rkey, 4096);
+  EXPECT_FALSE(IsCqError(r.status));
+  EXPECT_EQ(Read(dst, 0, 4096), Read(src, 0, 4096));
 }
 
 TEST_F(EmulatedNic, ADroppedLinkFailsWhatIsInFlightWithoutHanging) {

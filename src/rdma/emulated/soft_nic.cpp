@@ -55,6 +55,8 @@ std::atomic<uint32_t>& NextQpn() {
 
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+constexpr size_t kRxPiece = size_t(1) << 20;  // the first step of a payload's receive buffer
+
 }  // namespace
 
 std::string CheckPacketHeader(const PacketHeader& h) {
@@ -922,6 +924,13 @@ void SoftNic::ReadLink(Link& link) {
       dst = reinterpret_cast<uint8_t*>(&link.rxHeader) + link.rxHeaderGot;
       want = sizeof(PacketHeader) - link.rxHeaderGot;
     } else {
+      // The payload is received into memory that grows with what came (doubling from 1 MiB): a header that
+      // announces 2 GiB costs nothing until the bytes are there.
+      const uint64_t total = PayloadBytes(link.rxHeader);
+      if (link.rxPayloadGot == link.rxPayload.size() && link.rxPayloadGot < total) {
+        const size_t grown = link.rxPayloadGot + std::max(kRxPiece, link.rxPayloadGot);
+        link.rxPayload.resize(static_cast<size_t>(std::min<uint64_t>(total, grown)));
+      }
       dst = link.rxPayload.data() + link.rxPayloadGot;
       want = link.rxPayload.size() - link.rxPayloadGot;
     }
@@ -944,12 +953,12 @@ void SoftNic::ReadLink(Link& link) {
         KillLink(link, "malformed bytes on the wire: " + bad);
         return;
       }
-      link.rxPayload.assign(PayloadBytes(link.rxHeader), 0);
+      link.rxPayload.clear();
       link.rxPayloadGot = 0;
     } else {
       link.rxPayloadGot += static_cast<size_t>(n);
     }
-    if (link.rxPayloadGot < link.rxPayload.size()) continue;
+    if (link.rxPayloadGot < PayloadBytes(link.rxHeader)) continue;
     PacketHeader h = link.rxHeader;
     std::vector<uint8_t> payload = std::move(link.rxPayload);
     link.rxHeaderGot = 0;
