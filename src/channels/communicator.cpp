@@ -136,6 +136,7 @@ RegisteredMemory RegisterCommMemory(Communicator::Impl& comm, void* ptr, size_t 
       m->hasTcp = true;
       uint32_t key = m->tcpKey;
       m->releasers.push_back([key] { tcp::DeregisterTcpMemory(key); });
+      tcp::GrantTcpMemory(key, rank);  // its owner, through a loopback connection
     }
   }
   return RegisteredMemory(std::move(m));
@@ -143,12 +144,15 @@ RegisteredMemory RegisterCommMemory(Communicator::Impl& comm, void* ptr, size_t 
 
 void SendMemoryTo(Communicator::Impl& comm, const RegisteredMemory& memory, int remoteRank, int bootstrapTag) {
   const RegisteredMemory::Impl& m = *memory.GetImpl();
+  // The receiving rank (this one too, for a loopback connection), and only it, may address the memory over
+  // TCP from now on.
+  if (m.local && m.hasTcp) tcp::GrantTcpMemory(m.tcpKey, remoteRank);
   if (remoteRank == comm.Rank()) {
     std::lock_guard<std::mutex> lock(comm.mutex);
     comm.selfMemory[bootstrapTag].push_back(memory);
     return;
   }
-  comm.bootstrap->SendBytes(memory.Serialize(), remoteRank, bootstrapTag);
+  comm.bootstrap->SendBytes(SerializeRegisteredMemory(m), remoteRank, bootstrapTag);
   if (!CarriesIpcNote(comm, m.transports, remoteRank)) return;
   int fd = m.IpcFd();
   IpcNote note{kIpcNoteMagic, fd >= 0 ? 1u : 0u, m.ownerPid, reinterpret_cast<uintptr_t>(m.originalData)};

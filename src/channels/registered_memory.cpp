@@ -89,6 +89,12 @@ bool RegisteredMemory::IsDeviceMemory() const { return Checked(impl_.get()).devi
 
 std::vector<uint8_t> RegisteredMemory::Serialize() const {
   const Impl& m = Checked(impl_.get());
+  // Bytes for anyone: every rank that gets them may address the memory over TCP.
+  if (m.local && m.hasTcp) tcp::GrantTcpMemory(m.tcpKey, tcp::kAnyTcpPeer);
+  return SerializeRegisteredMemory(m);
+}
+
+std::vector<uint8_t> SerializeRegisteredMemory(const RegisteredMemory::Impl& m) {
   ByteWriter w;
   uint16_t count = 0;
   for (int i = 0; i < kNumTransports; ++i) count += m.transports.Has(static_cast<Transport>(i)) ? 1 : 0;
@@ -289,6 +295,7 @@ RegisteredMemory MakeRegisteredView(const RegisteredMemory& parent, uint64_t off
     v->hasTcp = true;
     uint32_t key = v->tcpKey;
     v->releasers.push_back([key] { tcp::DeregisterTcpMemory(key); });
+    tcp::GrantTcpMemory(key, v->ownerRank);  // its owner, through a loopback connection
   }
   v->parent = parent;
   return RegisteredMemory(std::move(v));

@@ -87,6 +87,10 @@ constexpr size_t kRegisteredMemoryEntryHeaderBytes = 8;
 constexpr size_t kRdmaEntryBytes = 24;
 constexpr size_t kTcpEntryBytes = 4;
 
+// RegisteredMemory::Serialize's bytes without granting TCP access to anyone (Communicator::SendMemory grants
+// the receiving rank itself).
+std::vector<uint8_t> SerializeRegisteredMemory(const RegisteredMemory::Impl& m);
+
 // Validates `bytes` (Error(Protocol) naming what is wrong) and builds the memory without mapping anything:
 // in the owner's process (same host id, pid and process token) data is the original pointer and the memory is local, else
 // data is nullptr.

@@ -67,6 +67,7 @@ class Mem {
       data_ = host_.data();
     }
     key_ = RegisterTcpMemory(data_, bytes, device);
+    GrantTcpMemory(key_, kAnyTcpPeer);  // the tests hand the key to their peers themselves
   }
   ~Mem() { DeregisterTcpMemory(key_); }
   Mem(const Mem&) = delete;

@@ -294,12 +294,13 @@ TEST(TcpRegistry, DeregisterWaitsForTargetsInUseAndRefusesNewOnes) {
   std::vector<uint8_t> memory(256);
   const uint32_t key = RegisterTcpMemory(memory.data(), memory.size(), false);
   ASSERT_NE(key, 0u);
-  TcpTarget held = ResolveTcpMemory(key, 16, 32);
+  GrantTcpMemory(key, 1);
+  TcpTarget held = ResolveTcpMemory(key, 16, 32, 1);
   EXPECT_EQ(held.Ptr(), memory.data() + 16);
   EXPECT_FALSE(held.DeviceMemory());
   auto refused = [&](uint64_t offset, uint64_t bytes, const char* why) {
     try {
-      (void)ResolveTcpMemory(key, offset, bytes);
+      (void)ResolveTcpMemory(key, offset, bytes, 1);
       ADD_FAILURE() << "resolved key " << key << " [" << offset << ", +" << bytes << ")";
     } catch (const Error& e) {
       EXPECT_EQ(e.Code(), ErrorCode::Protocol);
@@ -330,6 +331,40 @@ TEST(TcpRegistry, DeregisterWaitsForTargetsInUseAndRefusesNewOnes) {
   EXPECT_EQ(memory[16], 0x5c);
   EXPECT_EQ(memory[48], 0u);
   DeregisterTcpMemory(key);  // again: nothing to do
+}
+
+// Keys are random, and memory answers only the ranks it was given to, with the same refusal as a key that is
+// not registered at all (no oracle of the keys in use).
+TEST(TcpRegistry, KeysAreRandomAndScopedToTheRanksGranted) {
+  std::vector<uint8_t> a(64), b(64);
+  std::vector<uint32_t> keys;
+  for (int i = 0; i < 8; ++i) keys.push_back(RegisterTcpMemory(a.data(), a.size(), false));
+  int consecutive = 0;
+  for (size_t i = 1; i < keys.size(); ++i) consecutive += keys[i] == keys[i - 1] + 1;
+  EXPECT_LT(consecutive, 2) << "keys look sequential";
+  for (uint32_t k : keys) EXPECT_NE(k, 0u);
+
+  const uint32_t key = RegisterTcpMemory(b.data(), b.size(), false);
+  auto refusal = [&](uint32_t k, int rank) -> std::string {
+    try {
+      (void)ResolveTcpMemory(k, 0, 8, rank);
+      return "resolved";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.Code(), ErrorCode::Protocol);
+      return e.what();
+    }
+  };
+  EXPECT_NE(refusal(key, 2).find("not registered here for rank 2"), std::string::npos);  // nobody granted yet
+  GrantTcpMemory(key, 3);
+  EXPECT_EQ(refusal(key, 3), "resolved");
+  const std::string notGranted = refusal(key, 2), unknown = refusal(key ^ 0x80000000u, 2);
+  EXPECT_NE(notGranted.find("not registered here for rank 2"), std::string::npos) << notGranted;
+  EXPECT_NE(unknown.find("not registered here for rank 2"), std::string::npos) << unknown;
+  GrantTcpMemory(key, kAnyTcpPeer);
+  EXPECT_EQ(refusal(key, 2), "resolved");
+  EXPECT_EQ(refusal(key, 7), "resolved");
+  for (uint32_t k : keys) DeregisterTcpMemory(k);
+  DeregisterTcpMemory(key);
 }
 
 }  // namespace

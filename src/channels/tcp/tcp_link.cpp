@@ -762,7 +762,7 @@ void TcpLink::Impl::ReceiveInto(LinkChannel& ch, uint8_t* dst, bool device, uint
 
 TcpTarget TcpLink::Impl::Resolve(const FrameHeader& h, uint64_t bytes) const {
   try {
-    return ResolveTcpMemory(h.key, h.offset, bytes);
+    return ResolveTcpMemory(h.key, h.offset, bytes, peerRank_);
   } catch (const Error& e) {
     throw Error(e.Code(), StrFormat("%s frame from rank %d refused, nothing written: %s", FrameTypeName(h.type),
                                     peerRank_, MessageOf(e).c_str()));

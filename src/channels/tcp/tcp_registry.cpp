@@ -5,6 +5,8 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <random>
+#include <set>
 
 #include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
@@ -16,18 +18,20 @@ namespace mori::core::tcp {
 namespace {
 
 struct Entry {
-  uint8_t* base;
-  uint64_t bytes;
-  bool deviceMemory;
+  uint8_t* base = nullptr;
+  uint64_t bytes = 0;
+  bool deviceMemory = false;
   uint32_t holders = 0;  // resolved targets not yet released
   bool leaving = false;  // being deregistered: no new holders
+  bool anyPeer = false;  // granted to every rank
+  std::set<int> peers;   // else the ranks it was granted to
 };
 
 struct Registry {
   std::mutex mutex;
   std::condition_variable released;
   std::map<uint32_t, Entry> entries;
-  uint32_t nextKey = 1;
+  std::mt19937 keys{std::random_device{}()};  // keys a peer cannot guess from the ones it was given
 };
 
 Registry& TheRegistry() {
@@ -42,11 +46,25 @@ uint32_t RegisterTcpMemory(void* ptr, size_t bytes, bool deviceMemory) {
              ptr, bytes);
   Registry& r = TheRegistry();
   std::lock_guard<std::mutex> lock(r.mutex);
-  uint32_t key = r.nextKey;
-  while (key == 0 || r.entries.count(key) != 0) ++key;  // 0 is never a key; a wrapped counter skips live ones
-  r.nextKey = key + 1;
-  r.entries[key] = Entry{static_cast<uint8_t*>(ptr), bytes, deviceMemory};
+  uint32_t key = 0;
+  while (key == 0 || r.entries.count(key) != 0) key = static_cast<uint32_t>(r.keys());  // 0 is never a key
+  Entry& e = r.entries[key];
+  e.base = static_cast<uint8_t*>(ptr);
+  e.bytes = bytes;
+  e.deviceMemory = deviceMemory;
   return key;
+}
+
+void GrantTcpMemory(uint32_t key, int rank) {
+  Registry& r = TheRegistry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.entries.find(key);
+  MORI_CHECK(it != r.entries.end(), ErrorCode::Internal, "granting TCP memory key %u, which is not registered", key);
+  if (rank == kAnyTcpPeer) {
+    it->second.anyPeer = true;
+  } else {
+    it->second.peers.insert(rank);
+  }
 }
 
 void DeregisterTcpMemory(uint32_t key) {
@@ -92,12 +110,15 @@ void TcpTarget::Release() {
   key_ = 0;
 }
 
-TcpTarget ResolveTcpMemory(uint32_t key, uint64_t offset, uint64_t bytes) {
+TcpTarget ResolveTcpMemory(uint32_t key, uint64_t offset, uint64_t bytes, int requester) {
   Registry& r = TheRegistry();
   std::lock_guard<std::mutex> lock(r.mutex);
   auto it = r.entries.find(key);
-  MORI_CHECK(it != r.entries.end(), ErrorCode::Protocol, "TCP request for memory key %u, which is not registered here",
-             key);
+  const bool granted =
+      it != r.entries.end() && (it->second.anyPeer || it->second.peers.count(requester) != 0);
+  MORI_CHECK(granted, ErrorCode::Protocol,
+             "TCP request of rank %d for memory key %u, which is not registered here for rank %d", requester, key,
+             requester);
   Entry& e = it->second;
   MORI_CHECK(!e.leaving, ErrorCode::Protocol, "TCP request for memory key %u, which is being deregistered here", key);
   MORI_CHECK(bytes <= e.bytes && offset <= e.bytes - bytes, ErrorCode::Protocol,

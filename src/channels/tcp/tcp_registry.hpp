@@ -8,9 +8,14 @@
 
 namespace mori::core::tcp {
 
-// Registers [ptr, ptr + bytes) (device memory of this process's GPU when `deviceMemory`); returns its key (never
-// 0). Thread-safe.
+// Registers [ptr, ptr + bytes) (device memory of this process's GPU when `deviceMemory`); returns its key: random,
+// never 0, not one in use. No peer may address it until GrantTcpMemory names it. Thread-safe.
 uint32_t RegisterTcpMemory(void* ptr, size_t bytes, bool deviceMemory);
+
+// Lets rank `rank` (kAnyTcpPeer: every rank) write and read the memory under `key`: Communicator::SendMemory
+// grants the rank it sends the memory to, RegisteredMemory::Serialize (bytes for anyone) every rank.
+constexpr int kAnyTcpPeer = -1;
+void GrantTcpMemory(uint32_t key, int rank);
 
 // Removes the key. New requests for it are refused at once; the call returns when the requests that resolved
 // it before are done with the memory (bounded: after twice MORI_TIMEOUT_S it logs an error naming the key and
@@ -38,8 +43,9 @@ class TcpTarget {
   uint32_t key_ = 0;  // 0: holds nothing
 };
 
-// The range [offset, offset + bytes) of the memory registered under `key`; throws Error(Protocol) naming the
-// key and range when the key is unknown, being deregistered, or the range leaves the memory.
-TcpTarget ResolveTcpMemory(uint32_t key, uint64_t offset, uint64_t bytes);
+// The range [offset, offset + bytes) of the memory registered under `key`, for a request of rank `requester`;
+// throws Error(Protocol) naming the key and range when the key is unknown or not granted to the requester (one
+// answer for both: no oracle of the keys in use), being deregistered, or the range leaves the memory.
+TcpTarget ResolveTcpMemory(uint32_t key, uint64_t offset, uint64_t bytes, int requester);
 
 }  // namespace mori::core::tcp
