@@ -124,12 +124,13 @@ class ScriptedBootstrap : public Bootstrap {
   int GetRank() const override { return 0; }
   int GetNranks() const override { return 2; }
   void Send(const void* data, size_t bytes, int, int) override {
-    sent_.emplace_back(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
+    const auto* p = static_cast<const uint8_t*>(data);
+    sent_.push_back(bytes > 0 ? std::vector<uint8_t>(p, p + bytes) : std::vector<uint8_t>());
   }
   void Recv(void* data, size_t bytes, int, int) override {
     ASSERT_LT(next_, script_.size()) << "a receive the script did not expect";
     ASSERT_EQ(script_[next_].size(), bytes) << "receive " << next_;
-    std::memcpy(data, script_[next_].data(), bytes);
+    if (bytes > 0) std::memcpy(data, script_[next_].data(), bytes);  // an empty message has no buffer
     ++next_;
   }
   void AllGather(void*, size_t) override {}
