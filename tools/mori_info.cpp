@@ -119,6 +119,7 @@ void PrintEnv() {
   for (const auto& info : mori::core::EnvRegistry()) {
     auto raw = mori::core::EnvRaw(info.name);
     std::string value = raw ? *raw : std::string("(unset, default ") + (info.defaultValue[0] ? info.defaultValue : "none") + ")";
+    if (raw && info.secret) value = "(set, not shown)";
     std::printf("  %-22s = %s\n      %s\n", info.name, value.c_str(), info.meaning);
   }
   for (const auto& name : mori::core::UnknownMoriEnvVars()) {

@@ -18,10 +18,15 @@ constexpr uint64_t kMaxPayload = 1ull << 31;
 enum class FrameType : uint16_t {
   Hello = 1,       // first frame on every connection: who is speaking and why
   Table = 2,       // root -> rank: every rank's listening address
-  Abort = 3,       // root -> rank: registration failed, payload is the reason
+  Abort = 3,       // root -> rank: registration failed (tag kAbortJob) or the hello was refused, payload says why
   Data = 4,        // Send/Recv, tag is the user's
   Collective = 5,  // collective step, tag is the collective's sequence number
 };
+
+// Tags of an Abort frame: the job cannot start, or only this registration was refused (the root goes on waiting
+// for the rank, since a stranger's hello must not end a job).
+constexpr int32_t kAbortJob = 0;
+constexpr int32_t kAbortHelloRefused = 1;
 
 struct FrameHeader {
   uint32_t magic;
@@ -39,7 +44,7 @@ enum class HelloPurpose : uint32_t {
 };
 
 struct HelloPayload {
-  uint64_t nonce;  // the job's, from the unique id: a different job's process is refused
+  uint64_t nonce;  // the job's, from the unique id: a different job's process (or a stranger) is refused
   int32_t rank;
   int32_t nRanks;
   uint32_t purpose;
@@ -65,5 +70,10 @@ std::string CheckHeader(const FrameHeader& h);
 std::string CheckHello(const HelloPayload& hello, uint64_t nonce, int nRanks);
 
 const char* FrameTypeName(uint16_t type);
+
+// The nonce of a job whose ranks all know only the root's address ("ip:port" as SocketAddress::ToString writes
+// it). Without a secret anyone who knows the address can compute it. With one it is a keyed hash of the address
+// that nobody without the secret can compute, even from other jobs' nonces; the secret itself never travels.
+uint64_t AddressNonce(const std::string& rootAddress, const std::string& secret);
 
 }  // namespace mori::core::bootstrap_wire

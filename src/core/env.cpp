@@ -26,6 +26,11 @@ const std::vector<EnvParamInfo> kRegistry = {
     {"MORI_BOOTSTRAP_MAX_PENDING", EnvType::Size, "2g", "",
      "bytes of bootstrap messages from other ranks that a rank holds before it receives them; a peer that sends "
      "more is dropped with an error naming it"},
+    {"MORI_BOOTSTRAP_SECRET", EnvType::String, "", "",
+     "a secret shared by every rank of a job started from a root address (MORI_BOOTSTRAP_ADDR or torchrun): the "
+     "job's nonce is derived from it, so a process that can reach the root but lacks it cannot join; never sent. "
+     "Unset: anyone who can reach the root's port can join (the root warns)",
+     true},
     {"MORI_SOCKET_IFNAME", EnvType::String, "", "",
      "network interfaces for sockets, comma separated (eth1,eth2); the first serves the bootstrap"},
     {"MORI_BOOTSTRAP_ADDR", EnvType::String, "", "",
@@ -37,6 +42,8 @@ const std::vector<EnvParamInfo> kRegistry = {
      "else the emulated NIC"},
     {"MORI_RDMA_DEVICES", EnvType::String, "", "", "RDMA devices to use, comma separated (mlx5_0,mlx5_1); all when unset"},
     {"MORI_RDMA_GID_INDEX", EnvType::Int, "-1", "", "GID index for RoCE; -1 picks 3 on Ethernet ports, 0 on InfiniBand"},
+    {"MORI_EMULATED_NIC_DELAY_US", EnvType::Int, "0", "",
+     "a fault knob: every WQE an emulated NIC of this process executes waits this many microseconds first"},
     {"MORI_SHMEM_HEAP_SIZE", EnvType::Size, "1g", "", "bytes of symmetric heap per PE (k, m, g suffixes); the same on every PE"},
     {"MORI_SHMEM_TRANSPORT", EnvType::Choice, "auto", "auto|p2p|rdma|proxy",
      "forces one SHMEM transport for every pair of PEs (auto: P2P on the same host, else RDMA where the NIC lets "

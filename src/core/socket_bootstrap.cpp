@@ -21,6 +21,7 @@
 #include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/logging.hpp"
+#include "siphash.hpp"
 #include "socket.hpp"
 
 namespace mori::core {
@@ -48,8 +49,11 @@ std::string CheckHeader(const FrameHeader& h) {
 
 std::string CheckHello(const HelloPayload& hello, uint64_t nonce, int nRanks) {
   if (hello.nonce != nonce) {
-    return StrFormat("job nonce %016llx is not this job's %016llx (a process of another job?)",
-                     static_cast<unsigned long long>(hello.nonce), static_cast<unsigned long long>(nonce));
+    // This job's nonce stays out of the text: with MORI_BOOTSTRAP_SECRET it is what admits a process.
+    return StrFormat(
+        "job nonce %016llx is not this job's (a process of another job, or a different "
+        "MORI_BOOTSTRAP_SECRET?)",
+        static_cast<unsigned long long>(hello.nonce));
   }
   if (hello.purpose != static_cast<uint32_t>(HelloPurpose::Register) &&
       hello.purpose != static_cast<uint32_t>(HelloPurpose::Data)) {
@@ -62,6 +66,24 @@ std::string CheckHello(const HelloPayload& hello, uint64_t nonce, int nRanks) {
     return StrFormat("rank %d is outside the world of %d ranks", hello.rank, nRanks);
   }
   return "";
+}
+
+uint64_t AddressNonce(const std::string& rootAddress, const std::string& secret) {
+  if (secret.empty()) {
+    // FNV-1a: every rank derives the same value from the same text, and so can anyone else.
+    uint64_t nonce = 1469598103934665603ull;
+    for (char c : rootAddress) nonce = (nonce ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+    return nonce;
+  }
+  // Not FNV over secret and address: each FNV step can be undone, so one nonce seen on the wire would give the
+  // state after the secret and with it the nonce of every other address. SipHash is keyed by 128 bits drawn
+  // from the secret (under two fixed public keys), and hashes the address with a label of its use.
+  const SipKey deriveLow{0x6d6f72692d736563ull, 0x7265742d6b657931ull};
+  const SipKey deriveHigh{0x6d6f72692d736563ull, 0x7265742d6b657932ull};
+  const SipKey key{SipHash24(deriveLow, secret.data(), secret.size()),
+                   SipHash24(deriveHigh, secret.data(), secret.size())};
+  const std::string message = "mori bootstrap job nonce v1 " + rootAddress;
+  return SipHash24(key, message.data(), message.size());
 }
 
 const char* FrameTypeName(uint16_t type) {
@@ -130,6 +152,10 @@ std::map<uint64_t, UniqueFd>& PendingListeners() {
   static std::map<uint64_t, UniqueFd>* m = new std::map<uint64_t, UniqueFd>();
   return *m;
 }
+std::deque<uint64_t>& PendingOrder() {  // nonces in creation order (some may be gone from the map already)
+  static std::deque<uint64_t>* d = new std::deque<uint64_t>();
+  return *d;
+}
 
 FrameHeader MakeHeader(FrameType type, int srcRank, int tag, uint64_t length) {
   FrameHeader h;
@@ -144,6 +170,13 @@ FrameHeader MakeHeader(FrameType type, int srcRank, int tag, uint64_t length) {
 
 std::string RankName(int rank) { return StrFormat("rank %d", rank); }
 
+// Whether `a` has the IP of `b` (ports differ: a peer's outgoing connections leave from ephemeral ports).
+bool SameIp(const net::SocketAddress& a, const net::WireAddress& b) {
+  net::WireAddress w = a.ToWire();
+  if (w.family != b.family) return false;
+  return std::memcmp(w.addr, b.addr, w.family == AF_INET ? 4 : sizeof(w.addr)) == 0;
+}
+
 }  // namespace
 
 class SocketBootstrap::Impl {
@@ -154,7 +187,8 @@ class SocketBootstrap::Impl {
                "SocketBootstrap: rank %d is outside the world of %d ranks", rank, nRanks);
   }
 
-  void Initialize(const UniqueId& id, const std::string& ifname, double timeoutSeconds) {
+  // `publicNonce`: the nonce is the address's alone (no MORI_BOOTSTRAP_SECRET), so anyone can compute it.
+  void Initialize(const UniqueId& id, const std::string& ifname, double timeoutSeconds, bool publicNonce) {
     std::lock_guard<std::mutex> lock(mutex_);
     MORI_CHECK(!initialized_, ErrorCode::InvalidUsage, "SocketBootstrap::Initialize called twice");
     timeout_ = timeoutSeconds > 0 ? timeoutSeconds : mori::core::TimeoutSeconds();
@@ -162,8 +196,15 @@ class SocketBootstrap::Impl {
     nonce_ = l.nonce;
     net::SocketAddress root = net::SocketAddress::FromWire(l.root);
     SetLogRank(rank_);
+    if (publicNonce && rank_ == 0 && nRanks_ > 1) {
+      MORI_LOG_WARN(Bootstrap,
+                    "this job's bootstrap is unauthenticated: anyone who can reach %s can join it or disturb it; set "
+                    "MORI_BOOTSTRAP_SECRET to one secret value on every rank to keep others out",
+                    root.ToString().c_str());
+    }
     outgoing_.resize(static_cast<size_t>(nRanks_));
     peerAddrs_.resize(static_cast<size_t>(nRanks_));
+    dataConnected_.assign(static_cast<size_t>(nRanks_), false);
     if (rank_ == 0) {
       RegisterAsRoot(root);
     } else {
@@ -265,9 +306,6 @@ class SocketBootstrap::Impl {
     size_t payloadGot = 0;
     std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();  // accepted at
   };
-  // A frame's payload is received into memory that grows with what came (doubling from 1 MiB), so a header
-  // announcing 2 GiB costs nothing until the bytes are there.
-  static constexpr size_t kPayloadPiece = size_t(1) << 20;
   using StashKey = std::tuple<int, uint16_t, int>;  // (source rank, frame type, tag)
 
   void CheckReady(const char* op) const {
@@ -316,9 +354,18 @@ class SocketBootstrap::Impl {
         for (int r = 1; r < nRanks_; ++r) {
           if (!seen[static_cast<size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
         }
-        throw TimeoutError(StrFormat("bootstrap root (rank 0 at %s) waited %.0f s; rank(s) %s of %d never registered "
-                                     "(not started, crashed, or given another root address?)",
-                                     listenAddr_.ToString().c_str(), timeout_, missing.c_str(), nRanks_));
+        std::string reason = StrFormat(
+            "bootstrap root (rank 0 at %s) waited %.0f s; rank(s) %s of %d never registered "
+            "(not started, crashed, or given another root address?)",
+            listenAddr_.ToString().c_str(), timeout_, missing.c_str(), nRanks_);
+        if (!refusedRegistrations_.empty()) {
+          reason += StrFormat(
+              "; refused meanwhile, for a job nonce not this job's (ranks given different "
+              "MORI_BOOTSTRAP_SECRET values, or processes of another job): %s",
+              refusedRegistrations_.c_str());
+        }
+        TellRegisteredRanks(reason);
+        throw TimeoutError(reason);
       }
       Progress(std::min(deadline.RemainingMs(), 100));
     }
@@ -335,10 +382,15 @@ class SocketBootstrap::Impl {
 
   // Tells every registered rank why the job cannot start, then fails here too.
   [[noreturn]] void AbortRegistration(const std::string& reason) {
+    TellRegisteredRanks(reason);
+    MORI_THROW(ErrorCode::InvalidUsage, "bootstrap registration failed: %s", reason.c_str());
+  }
+
+  void TellRegisteredRanks(const std::string& reason) {
     Deadline deadline = Deadline::After(std::min(timeout_, 5.0));
     for (auto& in : incoming_) {
       if (!in.registration || !in.fd) continue;
-      FrameHeader h = MakeHeader(FrameType::Abort, 0, 0, reason.size());
+      FrameHeader h = MakeHeader(FrameType::Abort, 0, bootstrap_wire::kAbortJob, reason.size());
       try {
         net::SetNonBlocking(in.fd.Get(), false);
         net::SendAll(in.fd.Get(), &h, sizeof(h), deadline, "a registering rank");
@@ -347,7 +399,29 @@ class SocketBootstrap::Impl {
         // The rank is gone already; the others still hear the reason.
       }
     }
-    MORI_THROW(ErrorCode::InvalidUsage, "bootstrap registration failed: %s", reason.c_str());
+  }
+
+  // Answers a registration whose job nonce is not this job's, without waiting on the peer (a stranger must not
+  // stall the root), and closes it. The job goes on: the real rank may still come.
+  void RefuseRegistration(Incoming& in, const HelloPayload& hello, const std::string& why) {
+    static const std::string kReason =
+        "its job nonce is not the root's: the ranks were given different MORI_BOOTSTRAP_SECRET values (or it is set "
+        "on some of them only), or this process belongs to another job";
+    FrameHeader h = MakeHeader(FrameType::Abort, 0, bootstrap_wire::kAbortHelloRefused, kReason.size());
+    std::vector<uint8_t> reply(sizeof(h) + kReason.size());
+    std::memcpy(reply.data(), &h, sizeof(h));
+    std::memcpy(reply.data() + sizeof(h), kReason.data(), kReason.size());
+    (void)send(in.fd.Get(), reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);  // best effort
+    if (rank_ == 0 && !initialized_) {
+      ++refusedCount_;
+      if (refusedCount_ <= kRefusalsNamed) {
+        refusedRegistrations_ += StrFormat("%sa registration as rank %d from %s", refusedCount_ > 1 ? ", " : "",
+                                           hello.rank, in.from.ToString().c_str());
+      } else if (refusedCount_ == kRefusalsNamed + 1) {
+        refusedRegistrations_ += " and more";
+      }
+    }
+    DropConnection(in, "refused: " + why);
   }
 
   void RegisterWithRoot(const net::SocketAddress& root, const std::string& ifname) {
@@ -373,6 +447,11 @@ class SocketBootstrap::Impl {
     if (reply.type == static_cast<uint16_t>(FrameType::Abort)) {
       std::string reason(std::min<uint64_t>(reply.length, 4096), '\0');
       net::RecvAll(conn.Get(), reason.data(), reason.size(), deadline, rootName);
+      if (reply.tag == bootstrap_wire::kAbortHelloRefused) {
+        throw Error(ErrorCode::RemoteFailure, StrFormat("rank %d: %s refused this rank's hello and closed the "
+                                                        "connection: %s",
+                                                        rank_, rootName.c_str(), reason.c_str()));
+      }
       throw Error(ErrorCode::RemoteFailure, StrFormat("rank %d: the bootstrap root refused the job: %s", rank_,
                                                       reason.c_str()));
     }
@@ -400,8 +479,11 @@ class SocketBootstrap::Impl {
     UniqueFd& fd = outgoing_[static_cast<size_t>(peer)];
     if (fd) return fd.Get();
     net::SocketAddress addr = net::SocketAddress::FromWire(peerAddrs_[static_cast<size_t>(peer)]);
-    // Every rank listened before the addresses went round: a refusal that lasts means the peer is gone.
-    fd = net::ConnectWithRetry(addr, deadline, RankName(peer), {std::nullopt, kPeerRefusedGiveUpS});
+    // Every rank listened before the addresses went round: a refusal that lasts means the peer is gone. The
+    // connection leaves from the IP this rank announced, which the peer checks against the table.
+    net::SocketAddress from = listenAddr_;
+    from.SetPort(0);
+    fd = net::ConnectWithRetry(addr, deadline, RankName(peer), {from, kPeerRefusedGiveUpS});
     HelloPayload hello = MakeHello(HelloPurpose::Data);
     FrameHeader h = MakeHeader(FrameType::Hello, rank_, 0, sizeof(hello));
     net::SetNonBlocking(fd.Get(), true);
@@ -544,12 +626,8 @@ class SocketBootstrap::Impl {
         dst = reinterpret_cast<uint8_t*>(&in.header) + in.headerGot;
         want = sizeof(FrameHeader) - in.headerGot;
       } else {
-        if (in.payloadGot == in.payload.size() && in.payloadGot < in.header.length) {
-          const size_t grown = in.payloadGot + std::max(kPayloadPiece, in.payloadGot);
-          in.payload.resize(static_cast<size_t>(std::min<uint64_t>(in.header.length, grown)));
-        }
+        want = net::ReceiveRoom(in.payload, in.payloadGot, in.header.length);
         dst = in.payload.data() + in.payloadGot;
-        want = in.payload.size() - in.payloadGot;
       }
       ssize_t n = want == 0 ? 0 : recv(in.fd.Get(), dst, want, MSG_DONTWAIT);
       if (want > 0 && n < 0) {
@@ -600,6 +678,23 @@ class SocketBootstrap::Impl {
     }
   }
 
+  // Why a data connection claiming `rank` is not taken, or "" when it is. A rank opens one connection to each
+  // peer, after the table went round, from the IP the table gives it: anything else is not that rank, and is
+  // refused before it can put frames in the stash or, by closing, mark the rank dead.
+  std::string RefuseDataHello(const Incoming& in, int rank) const {
+    if (!initialized_) return StrFormat("a data connection claiming rank %d before the address table went round", rank);
+    if (rank == rank_) return StrFormat("a data connection claiming to be this rank (%d)", rank);
+    const net::WireAddress& entry = peerAddrs_[static_cast<size_t>(rank)];
+    if (!SameIp(in.from, entry)) {
+      return StrFormat("a data connection claiming rank %d comes from %s, but rank %d is at %s", rank,
+                       in.from.HostString().c_str(), rank, net::SocketAddress::FromWire(entry).ToString().c_str());
+    }
+    if (dataConnected_[static_cast<size_t>(rank)]) {
+      return StrFormat("a second data connection claiming rank %d (its first stays; a rank opens one per peer)", rank);
+    }
+    return "";
+  }
+
   void FrameComplete(Incoming& in) {
     if (in.header.type == static_cast<uint16_t>(FrameType::Hello)) {
       HelloPayload hello;
@@ -615,6 +710,10 @@ class SocketBootstrap::Impl {
           in.headerGot = 0;
           return;
         }
+        if (hello.nonce != nonce_ && hello.purpose == static_cast<uint32_t>(HelloPurpose::Register)) {
+          RefuseRegistration(in, hello, bad);
+          return;
+        }
         DropConnection(in, "refused: " + bad);
         return;
       }
@@ -625,6 +724,13 @@ class SocketBootstrap::Impl {
         }
         in.registration = true;
         peerAddrs_[static_cast<size_t>(hello.rank)] = hello.listen;
+      } else {
+        std::string refused = RefuseDataHello(in, hello.rank);
+        if (!refused.empty()) {
+          DropConnection(in, "refused: " + refused);
+          return;
+        }
+        dataConnected_[static_cast<size_t>(hello.rank)] = true;
       }
       in.srcRank = hello.rank;
       in.headerGot = 0;
@@ -655,8 +761,13 @@ class SocketBootstrap::Impl {
   std::map<StashKey, std::deque<std::vector<uint8_t>>> stash_;
   size_t pendingBytes_ = 0;  // in the stash from other ranks
   size_t maxPending_ = static_cast<size_t>(EnvGetSize("MORI_BOOTSTRAP_MAX_PENDING"));
+  std::vector<bool> dataConnected_;  // a data connection of the rank was taken (live or closed since)
   std::map<int, std::string> deadPeers_;
   std::string registrationError_;
+  // Registrations refused for their nonce while the root waited: named when the wait fails.
+  static constexpr int kRefusalsNamed = 4;
+  int refusedCount_ = 0;
+  std::string refusedRegistrations_;
 };
 
 SocketBootstrap::SocketBootstrap(int rank, int nRanks) : impl_(std::make_unique<Impl>(rank, nRanks)) {}
@@ -670,20 +781,38 @@ UniqueId SocketBootstrap::CreateUniqueId() {
   uint64_t nonce = RandomNonce();
   {
     std::lock_guard<std::mutex> lock(PendingMutex());
-    PendingListeners()[nonce] = std::move(listener);
+    auto& pending = PendingListeners();
+    auto& order = PendingOrder();
+    while (pending.size() >= kMaxUnusedUniqueIds && !order.empty()) {
+      auto oldest = pending.find(order.front());
+      order.pop_front();
+      if (oldest == pending.end()) continue;
+      MORI_LOG_WARN(Bootstrap, "%zu unique ids of this process were never used by an Initialize: the oldest one's "
+                               "listener is closed (ReleaseUniqueId closes ids that will not be used)",
+                    pending.size());
+      pending.erase(oldest);
+    }
+    while (!order.empty() && pending.count(order.front()) == 0) order.pop_front();  // adopted or released
+    pending[nonce] = std::move(listener);
+    order.push_back(nonce);
   }
   MORI_LOG_DEBUG(Bootstrap, "unique id created: root listens at %s", addr.ToString().c_str());
   return EncodeId(nonce, addr);
+}
+
+void SocketBootstrap::ReleaseUniqueId(const UniqueId& id) {
+  const uint64_t nonce = DecodeId(id).nonce;
+  std::lock_guard<std::mutex> lock(PendingMutex());
+  PendingListeners().erase(nonce);
 }
 
 UniqueId SocketBootstrap::UniqueIdFromAddress(const std::string& rootAddress) {
   net::Endpoint ep = net::ParseEndpoint(rootAddress);
   MORI_CHECK(!ep.address.IsAny() && ep.address.Port() != 0, ErrorCode::InvalidUsage,
              "bootstrap root address '%s' needs a concrete address and a non-zero port", rootAddress.c_str());
-  // Every rank derives the id from the same string, so the nonce is derived from it too (FNV-1a).
-  uint64_t nonce = 1469598103934665603ull;
-  for (char c : ep.address.ToString()) nonce = (nonce ^ static_cast<uint8_t>(c)) * 1099511628211ull;
-  return EncodeId(nonce, ep.address);
+  // Every rank derives the id from the same string, so the nonce is derived from it too.
+  return EncodeId(bootstrap_wire::AddressNonce(ep.address.ToString(), EnvGetString("MORI_BOOTSTRAP_SECRET")),
+                  ep.address);
 }
 
 std::string SocketBootstrap::UniqueIdAddress(const UniqueId& id) {
@@ -691,12 +820,12 @@ std::string SocketBootstrap::UniqueIdAddress(const UniqueId& id) {
 }
 
 void SocketBootstrap::Initialize(const UniqueId& id, double timeoutSeconds) {
-  impl_->Initialize(id, "", timeoutSeconds);
+  impl_->Initialize(id, "", timeoutSeconds, false);
 }
 
 void SocketBootstrap::Initialize(const std::string& rootAddress, double timeoutSeconds) {
   net::Endpoint ep = net::ParseEndpoint(rootAddress);
-  impl_->Initialize(UniqueIdFromAddress(rootAddress), ep.ifname, timeoutSeconds);
+  impl_->Initialize(UniqueIdFromAddress(rootAddress), ep.ifname, timeoutSeconds, !EnvIsSet("MORI_BOOTSTRAP_SECRET"));
 }
 
 int SocketBootstrap::GetRank() const { return impl_->Rank(); }

@@ -1,15 +1,20 @@
 // The socket bootstrap with several processes on loopback: every operation with rank- and
 // index-dependent data, and every failure the issue names: a rank that never comes, a peer that dies,
-// garbage and truncated frames, a process of another job, inconsistent world sizes, duplicate ranks.
+// garbage and truncated frames, a process of another job, inconsistent world sizes, duplicate ranks, and
+// strangers who know the root's address (with and without MORI_BOOTSTRAP_SECRET).
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -444,6 +449,386 @@ TEST(BootstrapLaunch, TorchrunVariablesStartAJob) {
     auto all = b->AllGatherValue(rank + 7);
     EXPECT_EQ(all[0], 7);
     EXPECT_EQ(all[1], 8);
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
+}
+
+// A one-way message between the forked processes of a test: a pipe made before the fork.
+class Signal {
+ public:
+  Signal() { EXPECT_EQ(pipe2(fds_, O_CLOEXEC), 0); }
+  ~Signal() {
+    close(fds_[0]);
+    close(fds_[1]);
+  }
+  Signal(const Signal&) = delete;
+  Signal& operator=(const Signal&) = delete;
+
+  void Post(const std::string& text = "go") {
+    EXPECT_EQ(write(fds_[1], text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  }
+  // What was posted, waiting at most `seconds`; a test failure and "" when nothing came.
+  std::string Await(double seconds = 20) {
+    pollfd p{fds_[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(seconds * 1000)) != 1) {
+      ADD_FAILURE() << "no signal within " << seconds << " s";
+      return "";
+    }
+    char buf[256];
+    ssize_t n = read(fds_[0], buf, sizeof(buf));
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+};
+
+// Rank `rank` of `n` launched by the MORI_* variables, with `secret` (nullptr: none).
+void SetMoriLaunch(int rank, int n, const std::string& root, const char* secret) {
+  setenv("MORI_RANK", std::to_string(rank).c_str(), 1);
+  setenv("MORI_WORLD_SIZE", std::to_string(n).c_str(), 1);
+  setenv("MORI_BOOTSTRAP_ADDR", root.c_str(), 1);
+  if (secret != nullptr) {
+    setenv("MORI_BOOTSTRAP_SECRET", secret, 1);
+  } else {
+    unsetenv("MORI_BOOTSTRAP_SECRET");
+  }
+}
+
+// An all-gather of 4 KiB per rank whose every byte depends on rank, index and `seed`, checked whole.
+void ExpectExactAllGather(Bootstrap& b, uint32_t seed) {
+  const size_t per = 4096;
+  const int n = b.GetNranks();
+  std::vector<uint8_t> all(per * n, 0);
+  FillPattern(all.data() + per * b.GetRank(), per, b.GetRank(), seed);
+  b.AllGather(all.data(), per);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(FirstPatternMismatch(all.data() + per * r, per, r, seed), per) << "slot of rank " << r;
+  }
+}
+
+// The bytes of a hello (and of what follows it) as a process that claims `rank` of a 2-rank job would send.
+std::vector<uint8_t> HelloBytes(uint64_t nonce, int rank, bootstrap_wire::HelloPurpose purpose) {
+  bootstrap_wire::HelloPayload hello{};
+  hello.nonce = nonce;
+  hello.rank = rank;
+  hello.nRanks = 2;
+  hello.purpose = static_cast<uint32_t>(purpose);
+  bootstrap_wire::FrameHeader h{};
+  h.magic = bootstrap_wire::kFrameMagic;
+  h.version = bootstrap_wire::kVersion;
+  h.type = static_cast<uint16_t>(bootstrap_wire::FrameType::Hello);
+  h.srcRank = rank;
+  h.length = sizeof(hello);
+  std::vector<uint8_t> bytes(sizeof(h) + sizeof(hello));
+  std::memcpy(bytes.data(), &h, sizeof(h));
+  std::memcpy(bytes.data() + sizeof(h), &hello, sizeof(hello));
+  return bytes;
+}
+
+// A frame of `type` and `tag` from `rank` whose payload is `bytes` of a pattern no rank sends (seed `seed`).
+void AppendFrame(std::vector<uint8_t>& out, bootstrap_wire::FrameType type, int rank, int tag, size_t bytes,
+                 uint32_t seed) {
+  bootstrap_wire::FrameHeader h{};
+  h.magic = bootstrap_wire::kFrameMagic;
+  h.version = bootstrap_wire::kVersion;
+  h.type = static_cast<uint16_t>(type);
+  h.srcRank = rank;
+  h.tag = tag;
+  h.length = bytes;
+  size_t at = out.size();
+  out.resize(at + sizeof(h) + bytes);
+  std::memcpy(out.data() + at, &h, sizeof(h));
+  FillPattern(out.data() + at + sizeof(h), bytes, 99, seed);
+}
+
+// The job nonce of a root address as anyone can compute it without the secret.
+uint64_t PublicNonce(const std::string& root) { return bootstrap_wire::AddressNonce(root, ""); }
+
+size_t Count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// With MORI_BOOTSTRAP_SECRET a stranger who knows the root's address and computes the nonce from it (FNV-1a, as
+// every job derived it before) cannot register as a rank nor open a data connection; the job's all-gather
+// carries exactly the ranks' bytes, and the root does not call its bootstrap unauthenticated.
+TEST(BootstrapSecret, AStrangerWhoKnowsOnlyTheAddressIsRefused) {
+  const std::string root = LoopbackRoot();
+  Signal strangerDone;
+  auto outcomes = RunProcesses(3, [&](int proc) {
+    if (proc == 2) {
+      unsetenv("MORI_BOOTSTRAP_SECRET");
+      UniqueId guessed = SocketBootstrap::UniqueIdFromAddress(root);  // no secret here: the public nonce
+      // Registers as rank 1 before the real rank 1 comes.
+      SocketBootstrap b(1, 2);
+      ErrorCode code{};
+      ThrowsMentioning([&] { b.Initialize(guessed, 10); }, "refused this rank's hello", &code);
+      EXPECT_EQ(code, ErrorCode::RemoteFailure);
+      // Then, as rank 1 on a data connection, the first all-gather step with bytes of its own.
+      std::vector<uint8_t> bytes = HelloBytes(PublicNonce(root), 1, bootstrap_wire::HelloPurpose::Data);
+      AppendFrame(bytes, bootstrap_wire::FrameType::Collective, 1, 0, 4096, 41);
+      SendRaw(root, bytes.data(), bytes.size());
+      strangerDone.Post();
+      return 0;
+    }
+    if (proc == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the stranger comes first
+    SetMoriLaunch(proc, 2, root, "a long random secret, the same for both ranks");
+    testing::internal::CaptureStderr();
+    auto b = CreateBootstrapFromEnvironment(20);
+    if (proc == 0) strangerDone.Await();  // its data connection waits to be read in the all-gather
+    ExpectExactAllGather(*b, 41);
+    std::string log = testing::internal::GetCapturedStderr();
+    if (proc == 0) {
+      EXPECT_EQ(Count(log, "refused: job nonce"), 2u) << log;
+      EXPECT_EQ(Count(log, "unauthenticated"), 0u) << log;
+    }
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
+}
+
+// Ranks given different secrets fail, each naming the mismatch, within MORI_TIMEOUT_S: the rank with the other
+// secret at once (the root answers its hello), the root when its wait ends, and a rank that registered hears
+// the root's reason. The rank that registered waits longer than the root, so the root speaks first.
+TEST(BootstrapSecret, RanksWithDifferentSecretsFailNamingTheMismatch) {
+  const std::string root = LoopbackRoot();
+  auto outcomes = RunProcesses(3, [&](int rank) {
+    SetMoriLaunch(rank, 3, root, rank == 2 ? "the secret of rank 2" : "the secret of ranks 0 and 1");
+    setenv("MORI_TIMEOUT_S", rank == 1 ? "10" : "3", 1);
+    auto start = std::chrono::steady_clock::now();
+    std::string what;
+    ErrorCode code{};
+    try {
+      CreateBootstrapFromEnvironment();
+      ADD_FAILURE() << "rank " << rank << " started a job with mismatched secrets";
+    } catch (const Error& e) {
+      what = e.what();
+      code = e.Code();
+    }
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(what.find("MORI_BOOTSTRAP_SECRET"), std::string::npos) << what;
+    EXPECT_LT(took, 8.0) << what;
+    if (rank == 0) {
+      EXPECT_EQ(code, ErrorCode::Timeout);
+      EXPECT_NE(what.find("rank(s) 2 of 3 never registered"), std::string::npos) << what;
+      EXPECT_NE(what.find("a registration as rank 2 from 127.0.0.1:"), std::string::npos) << what;
+    } else if (rank == 2) {
+      EXPECT_EQ(code, ErrorCode::RemoteFailure);
+      EXPECT_NE(what.find("refused this rank's hello"), std::string::npos) << what;
+      EXPECT_LT(took, 2.5) << "refused at once, not at the end of the wait: " << what;
+    } else {
+      EXPECT_EQ(code, ErrorCode::RemoteFailure);
+      EXPECT_NE(what.find("the bootstrap root refused the job"), std::string::npos) << what;
+    }
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
+}
+
+// Without a secret the root says once that its bootstrap is open to anyone who reaches its port; the other
+// ranks say nothing of it, and the job runs as it always did.
+TEST(BootstrapSecret, WithoutOneTheRootWarnsOnce) {
+  const std::string root = LoopbackRoot();
+  auto outcomes = RunProcesses(3, [&](int rank) {
+    SetMoriLaunch(rank, 3, root, nullptr);
+    testing::internal::CaptureStderr();
+    auto b = CreateBootstrapFromEnvironment(20);
+    ExpectExactAllGather(*b, 43);
+    b->Barrier();
+    std::string log = testing::internal::GetCapturedStderr();
+    if (rank == 0) {
+      EXPECT_EQ(Count(log, "unauthenticated"), 1u) << log;
+      EXPECT_EQ(Count(log, "anyone who can reach " + root + " can join"), 1u) << log;
+      EXPECT_EQ(Count(log, "MORI_BOOTSTRAP_SECRET"), 1u) << log;
+    } else {
+      EXPECT_EQ(Count(log, "unauthenticated"), 0u) << log;
+    }
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
+}
+
+// A connection to `addr`, leaving from `fromIp` when given (its port chosen by the kernel).
+UniqueFd ConnectFrom(const std::string& addr, const char* fromIp = nullptr) {
+  std::optional<net::SocketAddress> from;
+  if (fromIp != nullptr) from = net::SocketAddress::Parse(std::string(fromIp) + ":0");
+  return net::ConnectWithRetry(net::SocketAddress::Parse(addr), Deadline::After(10), "test target", {from});
+}
+
+// Whether the other end closed `fd` (an orderly end or a reset) within `seconds`; what it sent is skipped.
+bool AwaitClosed(int fd, double seconds) {
+  Deadline deadline = Deadline::After(seconds);
+  while (!deadline.Expired()) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, deadline.RemainingMs()) != 1) continue;
+    char buf[512];
+    ssize_t n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+  }
+  return false;
+}
+
+// Loopback is 127.0.0.0/8 on Linux, so a test can speak from a second local IP; not every sandbox allows it.
+bool CanBindSecondLoopbackIp() {
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  net::SocketAddress a = net::SocketAddress::Parse("127.0.0.2:0");
+  return fd && bind(fd.Get(), a.Sockaddr(), a.Length()) == 0;
+}
+
+void ExpectPattern(const std::vector<uint8_t>& got, int rank, uint32_t seed) {
+  EXPECT_EQ(FirstPatternMismatch(got.data(), got.size(), rank, seed), got.size()) << "seed " << seed;
+}
+
+// A stranger's data connection claiming rank 1 (from `fromIp`, or any local address) that carries rank 1's next
+// message (tag 2), forged: posts the stranger's address, then expects the root to close the connection.
+void ForgeRank1sData(const std::string& root, const char* fromIp, size_t bytes, Signal& strangerAddress,
+                     const char* keptMessage) {
+  std::vector<uint8_t> out = HelloBytes(PublicNonce(root), 1, bootstrap_wire::HelloPurpose::Data);
+  AppendFrame(out, bootstrap_wire::FrameType::Data, 1, 2, bytes, 2);
+  UniqueFd fd = ConnectFrom(root, fromIp);
+  net::SendAll(fd.Get(), out.data(), out.size(), Deadline::After(10), "the root");
+  strangerAddress.Post(net::LocalAddressOf(fd.Get()).ToString());
+  EXPECT_TRUE(AwaitClosed(fd.Get(), 10)) << keptMessage;
+}
+
+// A second data connection claiming rank 1, from rank 1's own IP and with the job's nonce (no secret here, so
+// anyone can compute it), while rank 1's real one is up: the root refuses and closes it with a line naming
+// rank 1 and the peer's address. The frame it carried is not taken for rank 1's, and rank 1's own connection
+// goes on carrying its messages.
+TEST(BootstrapPeers, ASecondDataConnectionClaimingARankIsRefused) {
+  const std::string root = LoopbackRoot();
+  const size_t bytes = 3000;
+  Signal rank1Connected, strangerAddress, strangerDone;
+  auto outcomes = RunProcesses(3, [&](int proc) {
+    if (proc == 2) {
+      rank1Connected.Await();
+      ForgeRank1sData(root, nullptr, bytes, strangerAddress, "the root kept the second connection of rank 1");
+      strangerDone.Post();
+      return 0;
+    }
+    SocketBootstrap b(proc, 2);
+    testing::internal::CaptureStderr();
+    b.Initialize(root, 20);
+    std::vector<uint8_t> msg(bytes);
+    if (proc == 1) {
+      FillPattern(msg.data(), bytes, 1, 1);
+      b.Send(msg.data(), bytes, 0, 1);
+      strangerDone.Await();
+      FillPattern(msg.data(), bytes, 1, 2);
+      b.Send(msg.data(), bytes, 0, 2);
+    } else {
+      b.Recv(msg.data(), bytes, 1, 1);
+      ExpectPattern(msg, 1, 1);
+      rank1Connected.Post();
+      std::string stranger = strangerAddress.Await();
+      b.Recv(msg.data(), bytes, 1, 2);
+      ExpectPattern(msg, 1, 2);
+      std::string log = testing::internal::GetCapturedStderr();
+      EXPECT_EQ(Count(log, "dropped a bootstrap connection from " + stranger +
+                               ": refused: a second data connection claiming rank 1"),
+                1u)
+          << log;
+      EXPECT_EQ(Count(log, "connection from rank 1 failed"), 0u) << log;
+    }
+    ExpectExactAllGather(b, 45);
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
+}
+
+// A data connection claiming rank 1 from an IP that is not rank 1's in the address table (127.0.0.2, where
+// rank 1 is at 127.0.0.1) is refused even before rank 1 has opened its own, and what it carried is not taken.
+TEST(BootstrapPeers, ADataConnectionFromAnIpNotTheRanksIsRefused) {
+  if (!CanBindSecondLoopbackIp()) GTEST_SKIP() << "cannot bind 127.0.0.2 here";
+  const std::string root = LoopbackRoot();
+  const size_t bytes = 3000;
+  Signal rootUp, strangerAddress, strangerDone;
+  auto outcomes = RunProcesses(3, [&](int proc) {
+    if (proc == 2) {
+      rootUp.Await();
+      ForgeRank1sData(root, "127.0.0.2", bytes, strangerAddress, "the root kept a connection from another IP as "
+                                                                  "rank 1's");
+      strangerDone.Post();
+      return 0;
+    }
+    SocketBootstrap b(proc, 2);
+    testing::internal::CaptureStderr();
+    b.Initialize(root, 20);
+    std::vector<uint8_t> msg(bytes);
+    if (proc == 1) {
+      strangerDone.Await();  // rank 1 has sent nothing to rank 0 until now
+      FillPattern(msg.data(), bytes, 1, 2);
+      b.Send(msg.data(), bytes, 0, 2);
+    } else {
+      rootUp.Post();
+      std::string stranger = strangerAddress.Await();
+      EXPECT_EQ(stranger.rfind("127.0.0.2:", 0), 0u) << stranger;
+      b.Recv(msg.data(), bytes, 1, 2);
+      ExpectPattern(msg, 1, 2);
+      std::string log = testing::internal::GetCapturedStderr();
+      EXPECT_EQ(Count(log, "dropped a bootstrap connection from " + stranger +
+                               ": refused: a data connection claiming rank 1 comes from 127.0.0.2, but rank 1 is "
+                               "at 127.0.0.1:"),
+                1u)
+          << log;
+    }
+    ExpectExactAllGather(b, 47);
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
+}
+
+// Strangers that connect and close (without a word, halfway through a header, after a hello claiming rank 1
+// with the job's nonce while rank 1 is connected, after one claiming rank 0 itself, after one from another IP)
+// mark no rank dead: only the end of a rank's accepted connection does that. Rank 1's next message arrives.
+TEST(BootstrapPeers, StrangersThatConnectAndCloseMarkNoRankDead) {
+  const std::string root = LoopbackRoot();
+  const bool secondIp = CanBindSecondLoopbackIp();
+  Signal rank1Connected, strangersDone;
+  auto outcomes = RunProcesses(3, [&](int proc) {
+    if (proc == 2) {
+      rank1Connected.Await();
+      const uint64_t nonce = PublicNonce(root);
+      { UniqueFd silent = ConnectFrom(root); }  // opened and closed without a word
+      bootstrap_wire::FrameHeader h{};
+      h.magic = bootstrap_wire::kFrameMagic;
+      SendRaw(root, &h, sizeof(h) / 2);
+      std::vector<uint8_t> asRank1 = HelloBytes(nonce, 1, bootstrap_wire::HelloPurpose::Data);
+      SendRaw(root, asRank1.data(), asRank1.size());
+      std::vector<uint8_t> asRank0 = HelloBytes(nonce, 0, bootstrap_wire::HelloPurpose::Data);
+      SendRaw(root, asRank0.data(), asRank0.size());
+      if (secondIp) {
+        UniqueFd fd = ConnectFrom(root, "127.0.0.2");
+        net::SendAll(fd.Get(), asRank1.data(), asRank1.size(), Deadline::After(10), "the root");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the root reads every close first
+      strangersDone.Post();
+      return 0;
+    }
+    SocketBootstrap b(proc, 2);
+    testing::internal::CaptureStderr();
+    b.Initialize(root, 20);
+    std::vector<uint8_t> msg(2000);
+    if (proc == 1) {
+      FillPattern(msg.data(), msg.size(), 1, 1);
+      b.Send(msg.data(), msg.size(), 0, 1);
+      strangersDone.Await();
+      FillPattern(msg.data(), msg.size(), 1, 2);
+      b.Send(msg.data(), msg.size(), 0, 2);
+    } else {
+      b.Recv(msg.data(), msg.size(), 1, 1);
+      ExpectPattern(msg, 1, 1);
+      rank1Connected.Post();
+      b.Recv(msg.data(), msg.size(), 1, 2);  // serves the strangers while it waits
+      ExpectPattern(msg, 1, 2);
+      std::string log = testing::internal::GetCapturedStderr();
+      EXPECT_EQ(Count(log, "dropped a bootstrap connection from 127.0.0."), secondIp ? 5u : 4u) << log;
+      EXPECT_EQ(Count(log, "connection from rank"), 0u) << log;
+    }
+    ExpectExactAllGather(b, 49);
     return 0;
   });
   test::ExpectAllSucceed(outcomes);

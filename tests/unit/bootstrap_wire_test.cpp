@@ -1,9 +1,15 @@
 // Frame and hello validation of the socket bootstrap, and the unique id encoding.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
+#include <string>
+#include <vector>
 
+#include "../common/test_util.hpp"
 #include "bootstrap_wire.hpp"
+#include "socket.hpp"
 #include "mori/core/bootstrap.hpp"
 #include "mori/core/errors.hpp"
 
@@ -70,6 +76,42 @@ TEST(UniqueIdTest, CarriesTheRootAddress) {
   EXPECT_THROW(SocketBootstrap::UniqueIdFromAddress("10.2.3.4:0"), Error);
 }
 
+uint64_t NonceOf(const UniqueId& id) {
+  UniqueIdLayout l;
+  std::memcpy(&l, id.bytes, sizeof(l));
+  return l.nonce;
+}
+
+// The address alone gives the FNV-1a nonce anyone can compute (what jobs without a secret have always used).
+TEST(UniqueIdTest, WithoutASecretTheNonceIsFnvOfTheAddress) {
+  test::ScopedEnv unset("MORI_BOOTSTRAP_SECRET", nullptr);
+  uint64_t fnv = 1469598103934665603ull;
+  for (char c : std::string("10.2.3.4:5678")) fnv = (fnv ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  EXPECT_EQ(AddressNonce("10.2.3.4:5678", ""), fnv);
+  EXPECT_EQ(NonceOf(SocketBootstrap::UniqueIdFromAddress("10.2.3.4:5678")), fnv);
+}
+
+// With MORI_BOOTSTRAP_SECRET the nonce depends on the secret and the address, agrees between ranks that share
+// both, and the id carries neither the secret nor the address's public nonce.
+TEST(UniqueIdTest, ASecretKeysTheNonce) {
+  const std::string addr = "10.2.3.4:5678";
+  const std::string secret = "correct-horse-battery-staple";
+  uint64_t keyed = AddressNonce(addr, secret);
+  EXPECT_NE(keyed, AddressNonce(addr, ""));
+  EXPECT_EQ(keyed, AddressNonce(addr, secret));
+  EXPECT_NE(keyed, AddressNonce(addr, secret + "!"));
+  EXPECT_NE(keyed, AddressNonce(addr, "correct-horse-battery-stapl"));
+  EXPECT_NE(keyed, AddressNonce("10.2.3.4:5679", secret));
+  EXPECT_NE(keyed, AddressNonce(secret, addr));  // the two inputs are not interchangeable
+
+  test::ScopedEnv set("MORI_BOOTSTRAP_SECRET", secret.c_str());
+  UniqueId id = SocketBootstrap::UniqueIdFromAddress(addr);
+  EXPECT_EQ(NonceOf(id), keyed);
+  EXPECT_EQ(SocketBootstrap::UniqueIdAddress(id), addr);
+  std::string bytes(reinterpret_cast<const char*>(id.bytes), sizeof(id.bytes));
+  EXPECT_EQ(bytes.find("correct-horse"), std::string::npos);
+}
+
 TEST(UniqueIdTest, GarbageIdsAreRefused) {
   UniqueId junk;
   std::memset(junk.bytes, 0xab, sizeof(junk.bytes));
@@ -101,6 +143,36 @@ TEST(UniqueIdTest, CreatedIdsListenAtOnce) {
   int w = 0;
   single.Recv(&w, sizeof(w), 0, 1);
   EXPECT_EQ(w, 5);
+}
+
+// Whether something listens at an id's address (a refused connect says no).
+bool Listening(const UniqueId& id) {
+  net::SocketAddress at = net::SocketAddress::Parse(SocketBootstrap::UniqueIdAddress(id));
+  int fd = socket(at.Family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+  bool ok = fd >= 0 && connect(fd, at.Sockaddr(), at.Length()) == 0;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+// Ids that no Initialize takes do not keep listeners without bound: past kMaxUnusedUniqueIds the oldest is
+// closed, and ReleaseUniqueId closes one at once. Before, each kept a listening socket for the process's life.
+TEST(UniqueIdTest, UnusedIdsKeepBoundedListeners) {
+  const size_t n = SocketBootstrap::kMaxUnusedUniqueIds + 6;
+  std::vector<UniqueId> ids;
+  for (size_t i = 0; i < n; ++i) ids.push_back(SocketBootstrap::CreateUniqueId());
+  size_t open = 0;
+  for (const UniqueId& id : ids) open += Listening(id) ? 1 : 0;
+  EXPECT_EQ(open, SocketBootstrap::kMaxUnusedUniqueIds);
+  EXPECT_FALSE(Listening(ids.front())) << "the oldest id still listens";
+  EXPECT_TRUE(Listening(ids.back()));
+  SocketBootstrap::ReleaseUniqueId(ids.back());
+  EXPECT_FALSE(Listening(ids.back())) << "a released id still listens";
+  for (const UniqueId& id : ids) SocketBootstrap::ReleaseUniqueId(id);
+  // An id that is used still works after all this.
+  UniqueId used = SocketBootstrap::CreateUniqueId();
+  SocketBootstrap single(0, 1);
+  single.Initialize(used, 5);
+  EXPECT_EQ(single.AllGatherValue(5)[0], 5);
 }
 
 TEST(UniqueIdTest, RankAndSizeAreValidated) {

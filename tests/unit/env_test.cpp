@@ -113,6 +113,23 @@ TEST(Env, EveryRegisteredVariableHasAMeaningAndAValidDefault) {
   }
 }
 
+// The bootstrap secret is a credential: registered (so no typo warning names it), read as given, and marked so
+// that mori-info prints only whether it is set (the test mori_info_hides_secrets runs mori-info with one).
+TEST(Env, TheBootstrapSecretIsRegisteredAsASecret) {
+  const EnvParamInfo& info = EnvLookup("MORI_BOOTSTRAP_SECRET");
+  EXPECT_TRUE(info.secret);
+  EXPECT_EQ(info.type, EnvType::String);
+  EXPECT_STREQ(info.defaultValue, "");
+  ScopedEnv s("MORI_BOOTSTRAP_SECRET", "k3y-of-the-job");
+  EXPECT_EQ(EnvGetString("MORI_BOOTSTRAP_SECRET"), "k3y-of-the-job");
+  for (const auto& name : UnknownMoriEnvVars()) EXPECT_NE(name, "MORI_BOOTSTRAP_SECRET");
+  for (const auto& other : EnvRegistry()) {
+    if (std::string(other.name) != "MORI_BOOTSTRAP_SECRET") {
+      EXPECT_FALSE(other.secret) << other.name;
+    }
+  }
+}
+
 TEST(Env, SizesTakeBinarySuffixes) {
   EXPECT_EQ(ParseSize("4096", "x"), 4096u);
   EXPECT_EQ(ParseSize("16k", "x"), 16u << 10);

@@ -60,15 +60,21 @@ class SocketBootstrap : public Bootstrap {
   ~SocketBootstrap() override;
 
   // Picks the address (MORI_SOCKET_IFNAME, else the first non-loopback interface) and starts listening
-  // there, so the id is valid at once. The listener is adopted by Initialize on rank 0 of this process.
+  // there, so the id is valid at once. The listener is adopted by Initialize on rank 0 of this process. A
+  // process keeps at most kMaxUnusedUniqueIds listeners of ids no Initialize took: creating one more closes the
+  // oldest (with a warning); ReleaseUniqueId closes one that will not be used.
   static UniqueId CreateUniqueId();
-  // A unique id for a root address chosen by the caller: "ip:port", "[ipv6]:port" or "ifname:ip:port".
+  static constexpr size_t kMaxUnusedUniqueIds = 64;
+  static void ReleaseUniqueId(const UniqueId& id);
+  // A unique id for a root address chosen by the caller: "ip:port", "[ipv6]:port" or "ifname:ip:port". Its
+  // nonce comes from the address, keyed with MORI_BOOTSTRAP_SECRET when that is set (else anyone can compute it).
   static UniqueId UniqueIdFromAddress(const std::string& rootAddress);
   // The root address an id carries, as "ip:port".
   static std::string UniqueIdAddress(const UniqueId& id);
 
   void Initialize(const UniqueId& id, double timeoutSeconds = 0);  // 0: MORI_TIMEOUT_S
-  // Root at `rootAddress` (as in UniqueIdFromAddress); every rank gives the same string.
+  // Root at `rootAddress` (as in UniqueIdFromAddress); every rank gives the same string (and the same
+  // MORI_BOOTSTRAP_SECRET; without one, rank 0 warns that anyone who reaches the address can join).
   void Initialize(const std::string& rootAddress, double timeoutSeconds = 0);
 
   int GetRank() const override;

@@ -18,6 +18,7 @@ struct EnvParamInfo {
   const char* defaultValue;  // as it would be written in the environment; "" for none
   const char* choices;       // Choice only: '|'-separated lower-case values
   const char* meaning;
+  bool secret = false;  // a credential: tools say whether it is set, never what it is
 };
 
 const std::vector<EnvParamInfo>& EnvRegistry();
