@@ -344,6 +344,29 @@ void SetNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // not a TCP socket: nothing to do
 }
 
+void DetectVanishedPeer(int fd, double seconds) {
+  // Probes start after half the time without traffic; three unanswered ones, spread over the other half, end it.
+  const int idle = std::max(1, static_cast<int>(seconds / 2));
+  const int interval = std::max(1, static_cast<int>(seconds / 6));
+  const int probes = 3;
+  const unsigned userTimeoutMs = static_cast<unsigned>(std::min(seconds * 1000.0, 4.0e9));
+  int one = 1;
+  // Each may fail on a socket that is not TCP (a test's socketpair): then nothing changes, which is right.
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &probes, sizeof(probes));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &userTimeoutMs, sizeof(userTimeoutMs));
+}
+
+size_t ReceiveRoom(std::vector<uint8_t>& buffer, size_t got, uint64_t total) {
+  constexpr size_t kFirstPiece = size_t(1) << 20;
+  if (got == buffer.size() && got < total) {
+    buffer.resize(static_cast<size_t>(std::min<uint64_t>(total, got + std::max(kFirstPiece, got))));
+  }
+  return buffer.size() - got;
+}
+
 void SendAll(int fd, const void* data, size_t bytes, const Deadline& deadline, const std::string& what,
              const std::function<void(int ms)>& whileFull) {
   const char* p = static_cast<const char*>(data);

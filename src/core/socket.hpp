@@ -99,6 +99,10 @@ UniqueFd AcceptOne(int listenFd, const Deadline& deadline);
 
 void SetNonBlocking(int fd, bool nonBlocking);
 void SetNoDelay(int fd);
+// Makes the kernel notice, within about `seconds`, a peer that vanished without a word (a partition, a host
+// that lost power): TCP_USER_TIMEOUT bounds how long sent data may go unacknowledged, and keepalive probes
+// an idle connection. The socket then fails with ETIMEDOUT. Nothing happens to a socket that is not TCP.
+void DetectVanishedPeer(int fd, double seconds);
 
 // Whole-buffer transfers on a socket, bounded by `deadline`. A closed connection raises RemoteFailure, a
 // timeout TimeoutError, both naming `what`. While the socket is full SendAll waits in poll(), or, when
@@ -107,5 +111,10 @@ void SetNoDelay(int fd);
 void SendAll(int fd, const void* data, size_t bytes, const Deadline& deadline, const std::string& what,
              const std::function<void(int ms)>& whileFull = nullptr);
 void RecvAll(int fd, void* data, size_t bytes, const Deadline& deadline, const std::string& what);
+
+// Room for the next bytes of a payload of `total` bytes (announced by a peer, so not trusted) of which `got`
+// are in `buffer`: the buffer grows, doubling from 1 MiB, only once it is full, so an announcement of 2 GiB
+// costs nothing until the bytes come. Returns how many bytes fit at buffer.data() + got.
+size_t ReceiveRoom(std::vector<uint8_t>& buffer, size_t got, uint64_t total);
 
 }  // namespace mori::core::net

@@ -99,6 +99,40 @@ MORI_GLOBAL void ShortFormOp(Queues* q, int op, uintptr_t laddr, uint32_t lkey, 
   out->byteCount = info.byteCount;
 }
 
+// ---------------------------------------------------------------- raw wire packets
+
+emulated::PacketHeader Header(emulated::PacketType type, uint32_t dstQpn) {
+  emulated::PacketHeader h = emulated::MakePacketHeader(type);
+  h.dstQpn = dstQpn;
+  return h;
+}
+
+emulated::PacketHeader Hello(uint64_t theirNonce, uint64_t ourNonce) {
+  emulated::PacketHeader h = Header(emulated::PacketType::Hello, 0);
+  h.raddr = theirNonce;
+  h.swapAdd = ourNonce;
+  return h;
+}
+
+void SendPacket(int fd, const emulated::PacketHeader& h, const std::vector<uint8_t>& payload = {}) {
+  std::vector<uint8_t> bytes(sizeof(h) + payload.size());
+  std::memcpy(bytes.data(), &h, sizeof(h));
+  if (!payload.empty()) std::memcpy(bytes.data() + sizeof(h), payload.data(), payload.size());
+  net::SendAll(fd, bytes.data(), bytes.size(), core::Deadline::After(10), "the emulated NIC");
+}
+
+// Whether the NIC closed the connection within `seconds` (what it sent before is skipped).
+bool ClosedByPeer(int fd, int seconds) {
+  core::Deadline deadline = core::Deadline::After(seconds);
+  uint8_t sink[256];
+  while (!deadline.Expired()) {
+    ssize_t n = recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) return true;
+    if (n < 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
 // ---------------------------------------------------------------- fixture
 
 class EmulatedNic : public ::testing::Test {
@@ -180,6 +214,15 @@ class EmulatedNic : public ::testing::Test {
       if (v[i] != test::PatternByte(rank, patternOffset + i, seed)) return i;
     }
     return bytes;
+  }
+
+  // The wire address of an endpoint's NIC, for raw connections to it.
+  static net::SocketAddress WireOf(const RdmaEndpointHandle& h) {
+    net::WireAddress w{};
+    w.family = AF_INET;
+    w.port = h.wirePort;
+    std::memcpy(w.addr, h.gid + 12, 4);
+    return net::SocketAddress::FromWire(w);
   }
 
   std::unique_ptr<RdmaContext> context_;
@@ -496,6 +539,13 @@ TEST_F(EmulatedNic, ViolationsGiveTheRightSyndromeAndTouchNothing) {
       {"atomic on a region without remote atomics", 3, srcMr.addr, srcMr.lkey, readOnly.addr, readOnly.rkey, 8,
        kSyndromeRemoteAccessErr},
       {"misaligned atomic", 3, srcMr.addr, srcMr.lkey, dstMr.addr + 4, dstMr.rkey, 8, kSyndromeRemoteInvalReqErr},
+      // Zero bytes are checked like any other length: the address must lie in the region.
+      {"zero-length write before its region", 0, srcMr.addr, srcMr.lkey, dstMr.addr - 8, dstMr.rkey, 0,
+       kSyndromeRemoteAccessErr},
+      {"zero-length read past its region", 1, srcMr.addr, srcMr.lkey, dstMr.addr + 4097, dstMr.rkey, 0,
+       kSyndromeRemoteAccessErr},
+      {"zero-length write with a bad rkey", 0, srcMr.addr, srcMr.lkey, dstMr.addr, dstMr.rkey ^ 0x3333, 0,
+       kSyndromeRemoteAccessErr},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
@@ -599,28 +649,19 @@ TEST_F(EmulatedNic, ACorruptedKeyIsARemoteAccessError) {
   EXPECT_EQ(CqErrorSyndrome(r.status), kSyndromeRemoteAccessErr);
 }
 
-// A stranger on the NIC's wire announcing a 1 GiB write and sending 16 bytes of it: the NIC receives payloads
-// in pieces as they come (its memory does not grow by the announced size), drops the connection when it
-// closes, and the connected QPs go on working.
+// A peer on the NIC's wire (greeted with the NIC's nonce) announcing a 1 GiB write and sending 16 bytes of it:
+// the NIC receives payloads in pieces as they come (its memory does not grow by the announced size), drops
+// the connection when it closes, and the connected QPs go on working.
 TEST_F(EmulatedNic, AHugeAnnouncedPayloadCostsNothingUntilItArrives) {
   Connect();
-  net::WireAddress w{};
-  w.family = AF_INET;
-  w.port = static_cast<uint16_t>(epB_.handle.wirePort);
-  std::memcpy(w.addr, epB_.handle.gid + 12, 4);
   rusage before{};
   getrusage(RUSAGE_SELF, &before);
   {
-    UniqueFd fd = net::ConnectWithRetry(net::SocketAddress::FromWire(w), core::Deadline::After(10), "the emulated NIC");
-    emulated::PacketHeader h{};
-    h.magic = emulated::kWireMagic;
-    h.version = emulated::kWireVersion;
-    h.type = 1;  // a write request
-    h.dstQpn = epB_.handle.qpn;
+    UniqueFd fd = net::ConnectWithRetry(WireOf(epB_.handle), core::Deadline::After(10), "the emulated NIC");
+    SendPacket(fd.Get(), Hello(epB_.handle.wireNonce, 0x1234));
+    emulated::PacketHeader h = Header(emulated::PacketType::WriteRequest, epB_.handle.qpn);
     h.length = 1ull << 30;
-    std::vector<uint8_t> bytes(sizeof(h) + 16, 0x6b);
-    std::memcpy(bytes.data(), &h, sizeof(h));
-    net::SendAll(fd.Get(), bytes.data(), bytes.size(), core::Deadline::After(10), "the emulated NIC");
+    SendPacket(fd.Get(), h, std::vector<uint8_t>(16, 0x6b));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the NIC reads what came
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -636,6 +677,250 @@ TEST_F(EmulatedNic, AHugeAnnouncedPayloadCostsNothingUntilItArrives) {
   OpResult r = RunOp(0, srcMr.addr, srcMr.lkey, dstMr.addr, dstMr.rkey, 4096);
   EXPECT_FALSE(IsCqError(r.status));
   EXPECT_EQ(Read(dst, 0, 4096), Read(src, 0, 4096));
+}
+
+// Only holders of an endpoint handle can talk to a NIC. A connection whose first packet is not a hello with the
+// NIC's nonce (a write straight away, another NIC's nonce, silence) is closed before any payload is taken. A
+// greeted connection gets one answer for every request it may not make (a QP connected to another NIC, a PSN
+// out of sequence, no such QP): the NAK a bad key gets. A response on a connection its QP did not ask on is
+// dropped. Nothing lands, and the real pair goes on working.
+TEST_F(EmulatedNic, StrangersOnTheWireAreRefused) {
+  Connect();
+  GpuBuffer& src = Alloc(4096);
+  GpuBuffer& dst = Alloc(4096);
+  Fill(src, 6, 60);
+  Fill(dst, 7, 70);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  EmulatedNicControl* nicA = GetEmulatedNicControl(a_);
+  EmulatedNicControl* nicB = GetEmulatedNicControl(b_);
+  const uint64_t refusedA = nicA->Stats().strangersRefused, refusedB = nicB->Stats().strangersRefused;
+  const uint64_t served = nicB->Stats().requestsServed;
+  const net::SocketAddress wireB = WireOf(epB_.handle);
+  auto connect = [&](const net::SocketAddress& to) {
+    return net::ConnectWithRetry(to, core::Deadline::After(10), "the emulated NIC");
+  };
+  // A write that would be valid if it came from A: right QPs, PSN, key and address.
+  emulated::PacketHeader write = Header(emulated::PacketType::WriteRequest, epB_.handle.qpn);
+  write.srcQpn = epA_.handle.qpn;
+  write.psn = epA_.handle.psn;
+  write.rkey = dstMr.rkey;
+  write.raddr = dstMr.addr;
+  write.length = 64;
+  const std::vector<uint8_t> junk(64, 0x6b);
+
+  UniqueFd silent = connect(wireB);  // says nothing: closed after the hello wait
+  UniqueFd noHello = connect(wireB);
+  SendPacket(noHello.Get(), write, junk);
+  EXPECT_TRUE(ClosedByPeer(noHello.Get(), 10)) << "a connection that skipped the hello stayed open";
+  UniqueFd wrongNonce = connect(wireB);
+  SendPacket(wrongNonce.Get(), Hello(epB_.handle.wireNonce ^ 1, 0x77));
+  SendPacket(wrongNonce.Get(), write, junk);
+  EXPECT_TRUE(ClosedByPeer(wrongNonce.Get(), 10)) << "a hello with another NIC's nonce was taken";
+
+  // Greeted, but as a NIC that B's QP is not connected to: the same NAK for each request.
+  UniqueFd other = connect(wireB);
+  SendPacket(other.Get(), Hello(epB_.handle.wireNonce, epA_.handle.wireNonce ^ 0x5a5a));
+  emulated::PacketHeader outOfSequence = write;
+  outOfSequence.psn = (epA_.handle.psn + 7) & 0xffffff;
+  emulated::PacketHeader noSuchQp = write;
+  noSuchQp.dstQpn = epB_.handle.qpn ^ 0x800000;
+  for (const emulated::PacketHeader& h : {write, outOfSequence, noSuchQp}) {
+    SendPacket(other.Get(), h, junk);
+    emulated::PacketHeader answer{};
+    net::RecvAll(other.Get(), &answer, sizeof(answer), core::Deadline::After(10), "the emulated NIC");
+    EXPECT_EQ(answer.type, static_cast<uint8_t>(emulated::PacketType::Ack));
+    EXPECT_EQ(answer.syndrome, kSyndromeRemoteAccessErr) << "psn " << h.psn << " qp " << h.dstQpn;
+    EXPECT_EQ(answer.psn, h.psn);
+  }
+  // A response to A's QP, greeted with A's own nonce, on a connection A's QP never asked on.
+  UniqueFd spoof = connect(WireOf(epA_.handle));
+  SendPacket(spoof.Get(), Hello(epA_.handle.wireNonce, epB_.handle.wireNonce));
+  emulated::PacketHeader response = Header(emulated::PacketType::ReadResponse, epA_.handle.qpn);
+  response.srcQpn = epB_.handle.qpn;
+  response.psn = epA_.handle.psn;
+  response.length = 64;
+  SendPacket(spoof.Get(), response, junk);
+
+  EXPECT_TRUE(ClosedByPeer(silent.Get(), 15)) << "a silent connection stayed open";
+  EXPECT_EQ(nicB->Stats().strangersRefused - refusedB, 3u) << "no hello, a wrong nonce, silence";
+  core::Deadline deadline = core::Deadline::After(10);
+  while (nicA->Stats().strangersRefused == refusedA && !deadline.Expired()) std::this_thread::yield();
+  EXPECT_EQ(nicA->Stats().strangersRefused - refusedA, 1u) << "the spoofed response";
+  EXPECT_EQ(nicB->Stats().requestsServed, served) << "a stranger's request ran";
+  EXPECT_EQ(Mismatch(dst, 0, dst.Bytes(), 7, 70, 0), dst.Bytes()) << "a stranger's bytes landed";
+
+  // The real pair: A reads B's first 64 bytes, then writes its own over them.
+  OpResult r = RunOp(1, srcMr.addr, srcMr.lkey, dstMr.addr, dstMr.rkey, 64);
+  ASSERT_EQ(r.status, kCqeReq);
+  EXPECT_EQ(Mismatch(src, 0, 64, 7, 70, 0), 64u) << "the read returned other bytes";
+  Fill(src, 6, 60);
+  ASSERT_EQ(RunOp(0, srcMr.addr, srcMr.lkey, dstMr.addr, dstMr.rkey, 64).status, kCqeReq);
+  EXPECT_EQ(Mismatch(dst, 0, 64, 6, 60, 0), 64u);
+  EXPECT_EQ(Mismatch(dst, 64, dst.Bytes() - 64, 7, 70, 64), dst.Bytes() - 64);
+}
+
+// What comes back is checked against what was asked and against what is still registered: a read whose
+// destination is deregistered while it is in flight completes with a local protection error and writes nothing,
+// and so does an answer of the wrong kind (an ACK to a read). The peer is the test itself on a raw socket
+// posing as a NIC; it also checks the hello A opens the connection with.
+TEST_F(EmulatedNic, ResponsesAreCheckedAgainstTheRequestAndTheRegistration) {
+  Connect();
+  GpuBuffer& dst = Alloc(256);
+  Fill(dst, 9, 90);
+  net::SocketAddress at = WireOf(epB_.handle);
+  at.SetPort(0);
+  UniqueFd listener = net::Listen(at);
+  RdmaEndpointHandle fake = epB_.handle;
+  fake.wirePort = at.Port();
+  fake.wireNonce = 0xfeedfacecafe;
+  fake.qpn = 0x123456;
+  fake.psn = 100;
+  auto postRead = [&](RdmaEndpoint& ep, const RdmaMemoryRegion& into) {
+    HostWorkRequest wr;
+    wr.op = HostOp::Read;
+    wr.laddr = into.addr;
+    wr.lkey = into.lkey;
+    wr.raddr = 0x10000;
+    wr.rkey = 0x99;
+    wr.bytes = 64;
+    a_->HostPost(ep, wr);
+  };
+  auto completion = [&](RdmaEndpoint& ep) {
+    HostCompletion c{};
+    core::Deadline deadline = core::Deadline::After(30);
+    while (a_->HostPoll(ep, &c, 1) == 0 && !deadline.Expired()) std::this_thread::yield();
+    return c.status;
+  };
+  auto answer = [&](int fd, const emulated::PacketHeader& request, emulated::PacketType type) {
+    emulated::PacketHeader h = Header(type, request.srcQpn);
+    h.srcQpn = request.dstQpn;
+    h.psn = request.psn;
+    h.length = type == emulated::PacketType::ReadResponse ? request.length : 0;
+    SendPacket(fd, h, std::vector<uint8_t>(h.length, 0x6b));
+  };
+
+  RdmaEndpoint first = a_->CreateRdmaEndpoint(RdmaEndpointConfig());
+  a_->ConnectEndpoint(first.handle, fake);
+  RdmaMemoryRegion mr = a_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  postRead(first, mr);
+  UniqueFd peer = net::AcceptOne(listener.Get(), core::Deadline::After(10));
+  ASSERT_TRUE(peer);
+  emulated::PacketHeader hello{}, request{};
+  net::RecvAll(peer.Get(), &hello, sizeof(hello), core::Deadline::After(10), "NIC A");
+  EXPECT_EQ(hello.type, static_cast<uint8_t>(emulated::PacketType::Hello));
+  EXPECT_EQ(hello.raddr, fake.wireNonce) << "the hello must name the nonce of the NIC it reaches";
+  EXPECT_EQ(hello.swapAdd, epA_.handle.wireNonce) << "and the nonce of the NIC it comes from";
+  net::RecvAll(peer.Get(), &request, sizeof(request), core::Deadline::After(10), "NIC A");
+  ASSERT_EQ(request.type, static_cast<uint8_t>(emulated::PacketType::ReadRequest));
+  EXPECT_EQ(request.dstQpn, fake.qpn);
+  EXPECT_EQ(request.psn, first.handle.psn);
+  a_->DeregisterRdmaMemoryRegion(dst.Data());  // while the read is in flight
+  answer(peer.Get(), request, emulated::PacketType::ReadResponse);
+  EXPECT_EQ(completion(first), kSyndromeLocalProtErr);
+  EXPECT_EQ(Mismatch(dst, 0, dst.Bytes(), 9, 90, 0), dst.Bytes()) << "a response wrote deregistered memory";
+
+  RdmaEndpoint second = a_->CreateRdmaEndpoint(RdmaEndpointConfig());
+  a_->ConnectEndpoint(second.handle, fake);
+  mr = a_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  postRead(second, mr);
+  net::RecvAll(peer.Get(), &request, sizeof(request), core::Deadline::After(10), "NIC A");  // the same connection
+  ASSERT_EQ(request.type, static_cast<uint8_t>(emulated::PacketType::ReadRequest));
+  answer(peer.Get(), request, emulated::PacketType::Ack);
+  EXPECT_EQ(completion(second), kSyndromeBadRespErr);
+  EXPECT_EQ(Mismatch(dst, 0, dst.Bytes(), 9, 90, 0), dst.Bytes());
+}
+
+// A QP whose peer NIC does not answer the connect (its listener's backlog is full, so SYNs are dropped) stalls
+// no other QP: the NIC starts connections without waiting for them under its lock. The real pair's write
+// completes while the stranded QP still waits; before, the engine sat in the connect for 2 s and the stranded
+// QP's failure came first.
+TEST_F(EmulatedNic, AConnectThatHangsStallsNoOtherQueuePair) {
+  Connect();
+  GpuBuffer& src = Alloc(64);
+  GpuBuffer& dst = Alloc(64);
+  Fill(src, 2, 12);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  net::SocketAddress at = WireOf(epB_.handle);
+  at.SetPort(0);
+  UniqueFd deaf = net::Listen(at, 0);  // never accepts: one queued connection fills it
+  std::vector<UniqueFd> queued;
+  for (int i = 0; i < 2; ++i) {
+    UniqueFd fd(socket(at.Family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    ASSERT_TRUE(fd);
+    (void)connect(fd.Get(), at.Sockaddr(), at.Length());
+    queued.push_back(std::move(fd));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  RdmaEndpointHandle nowhere = epB_.handle;
+  nowhere.wirePort = at.Port();
+  nowhere.qpn = 0x345678;
+  RdmaEndpoint stranded = a_->CreateRdmaEndpoint(RdmaEndpointConfig());
+  a_->ConnectEndpoint(stranded.handle, nowhere);
+  a_->HostPost(stranded, WriteRequest(srcMr, dstMr, 8, 1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the NIC takes it up
+  ASSERT_EQ(RunOp(0, srcMr.addr, srcMr.lkey, dstMr.addr, dstMr.rkey, 64).status, kCqeReq);
+  HostCompletion c{};
+  EXPECT_EQ(a_->HostPoll(stranded, &c, 1), 0) << "the stranded QP completed (status " << c.status
+                                               << ") before the real pair's write: its connect held the NIC";
+  EXPECT_EQ(Mismatch(dst, 0, 64, 2, 12, 0), 64u);
+}
+
+// The NIC acts only on what a doorbell announced, as a ConnectX does. A WQE in the doorbell record that no
+// doorbell rang for, or one behind a stale doorbell (an earlier WQE's value rung again), is never read and the
+// stall watch reports the queue; a doorbell write that names no WQE of the queue is ignored and counted.
+TEST_F(EmulatedNic, OnlyWhatADoorbellAnnouncedRuns) {
+  Connect();
+  GpuBuffer& src = Alloc(64);
+  GpuBuffer& dst = Alloc(64);
+  Fill(src, 4, 40);
+  Fill(dst, 5, 50);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  EmulatedNicControl* nic = GetEmulatedNicControl(a_);
+  nic->SetStallReportMilliseconds(100);
+  WorkQueueHandle& wq = QA()->wq;
+  // Posts an 8-byte write of src[off] to dst[off] into the next slot and records it; rings nothing.
+  auto postAndRecord = [&](size_t off) {
+    uint32_t slot = wq.postIdx++;
+    uint64_t dbr = PostWrite<kMlx5>(wq, slot, true, wq.qpn, srcMr.addr + off, srcMr.lkey, dstMr.addr + off,
+                                    dstMr.rkey, 8);
+    UpdateSendDbrRecord<kMlx5>(wq.dbrRecAddr, wq.postIdx);
+    return dbr;
+  };
+  auto completion = [&](int ms) {
+    core::Deadline deadline = core::Deadline::After(ms / 1000.0);
+    int r;
+    while ((r = PollCq<kMlx5>(QA()->cq, wq, nullptr)) == kCqEmpty && !deadline.Expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    UpdateCqDbrRecord<kMlx5>(QA()->cq.dbrRecAddr, QA()->cq.consIdx);
+    return r;
+  };
+  // Each window below starts with nothing in flight, so the only stall it can report is the one tested.
+  EmulatedNicStats before = nic->Stats();
+  const uint64_t first = postAndRecord(0);
+  EXPECT_EQ(completion(500), kCqEmpty) << "a WQE ran without a doorbell";
+  EXPECT_EQ(Mismatch(dst, 0, 64, 5, 50, 0), 64u);
+  EXPECT_EQ(nic->Stats().stallReports - before.stallReports, 1u) << "the unrung WQE was not reported";
+  RingDoorbell<kMlx5>(wq.dbrAddr, first);
+  EXPECT_EQ(completion(30000), kCqeReq);
+  EXPECT_EQ(Mismatch(dst, 0, 8, 4, 40, 0), 8u) << "the rung write did not land";
+
+  before = nic->Stats();
+  const uint64_t second = postAndRecord(8);
+  RingDoorbell<kMlx5>(wq.dbrAddr, first);  // stale: the first WQE's doorbell again
+  EXPECT_EQ(completion(500), kCqEmpty) << "a WQE behind a stale doorbell ran";
+  EXPECT_EQ(nic->Stats().stallReports - before.stallReports, 1u) << "the stale doorbell's queue was not reported";
+  RingDoorbell<kMlx5>(wq.dbrAddr, second ^ (uint64_t{1} << 63));  // not the WQE's control word
+  EXPECT_EQ(completion(300), kCqEmpty) << "a doorbell naming no WQE ran one";
+  EXPECT_EQ(nic->Stats().doorbellFaults - before.doorbellFaults, 1u);
+  EXPECT_EQ(Mismatch(dst, 8, 56, 5, 50, 8), 56u);
+  RingDoorbell<kMlx5>(wq.dbrAddr, second);
+  EXPECT_EQ(completion(30000), kCqeReq);
+  EXPECT_EQ(Mismatch(dst, 0, 16, 4, 40, 0), 16u);
+  EXPECT_EQ(Mismatch(dst, 16, 48, 5, 50, 16), 48u) << "bytes after the two writes changed";
 }
 
 TEST_F(EmulatedNic, ADroppedLinkFailsWhatIsInFlightWithoutHanging) {

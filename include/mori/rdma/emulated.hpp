@@ -14,6 +14,9 @@ struct EmulatedNicStats {
   uint64_t cqesWritten;
   uint64_t requestsServed;  // requests from peers executed as responder
   uint64_t stallReports;    // times a QP with work made no progress for the stall-report time (logged)
+  uint64_t doorbellFaults;  // doorbell writes naming no WQE of the QP's send queue (ignored, logged)
+  uint64_t strangersRefused;  // wire connections closed for a missing or wrong hello, and packets that named a
+                              // QP not connected through their connection (dropped)
 };
 
 class EmulatedNicControl {

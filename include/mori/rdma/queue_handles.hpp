@@ -13,7 +13,8 @@ namespace mori::rdma {
 enum class ProviderType : uint32_t { Unknown = 0, MLX5 = 1, IBVerbs = 2 };
 
 // What a peer needs to connect to an endpoint: plain bytes. `gid` is the RoCE/IB GID (the emulated NIC
-// uses the IPv4-mapped address of its wire); `wirePort` is the emulated NIC's TCP port (0 otherwise).
+// uses the IPv4-mapped address of its wire); `wirePort` is the emulated NIC's TCP port and `wireNonce` the
+// random secret its wire asks of every connection (only holders of a handle can talk to it); both 0 otherwise.
 struct RdmaEndpointHandle {
   uint32_t psn;
   uint32_t qpn;
@@ -23,8 +24,9 @@ struct RdmaEndpointHandle {
   uint8_t gid[16];
   uint32_t mtu;       // path MTU in bytes
   uint32_t provider;  // ProviderType of the NIC that made it
+  uint64_t wireNonce;
 };
-static_assert(sizeof(RdmaEndpointHandle) == 40 && std::is_trivially_copyable_v<RdmaEndpointHandle>,
+static_assert(sizeof(RdmaEndpointHandle) == 48 && std::is_trivially_copyable_v<RdmaEndpointHandle>,
               "RdmaEndpointHandle travels as bytes");
 
 // A registered memory region: what a local post needs (addr, lkey) and what a remote post needs (addr, rkey).

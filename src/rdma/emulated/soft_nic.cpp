@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "mori/core/atomic.hpp"
+#include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/logging.hpp"
 #include "mori/rdma/device_primitives.hpp"
@@ -48,6 +49,17 @@ uint32_t RandomU32() {
   return v;
 }
 
+// The wire's nonce: never 0 (the value of handles that are not an emulated NIC's).
+uint64_t RandomNonce() {
+  uint64_t v = 0;
+  while (v == 0) v = (uint64_t(RandomU32()) << 32) | RandomU32();
+  return v;
+}
+
+// An accepted connection has this long to say its hello, and at most this many wait at once.
+constexpr auto kHelloWait = std::chrono::seconds(5);
+constexpr size_t kMaxUngreetedLinks = 64;
+
 std::atomic<uint32_t>& NextQpn() {
   static std::atomic<uint32_t> next{0x100 + (RandomU32() & 0xfff) * 0x100};
   return next;
@@ -55,14 +67,14 @@ std::atomic<uint32_t>& NextQpn() {
 
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-constexpr size_t kRxPiece = size_t(1) << 20;  // the first step of a payload's receive buffer
-
 }  // namespace
 
 std::string CheckPacketHeader(const PacketHeader& h) {
   if (h.magic != kWireMagic) return core::StrFormat("bad magic 0x%08x (not an emulated NIC)", h.magic);
   if (h.version != kWireVersion) return core::StrFormat("wire version %u, this NIC speaks %u", h.version, kWireVersion);
-  if (!IsRequest(h.type) && !IsResponse(h.type)) return core::StrFormat("unknown packet type %u", h.type);
+  if (!IsRequest(h.type) && !IsResponse(h.type) && !IsHello(h.type)) {
+    return core::StrFormat("unknown packet type %u", h.type);
+  }
   if (h.length > kMaxWirePayload) {
     return core::StrFormat("payload of %llu bytes beyond the %llu-byte limit", static_cast<unsigned long long>(h.length),
                            static_cast<unsigned long long>(kMaxWirePayload));
@@ -77,6 +89,11 @@ std::string CheckPacketHeader(const PacketHeader& h) {
 }
 
 SoftNic::SoftNic(RdmaDevice* device) : RdmaDeviceContext(device) {
+  nonce_ = RandomNonce();
+  const int64_t delay = core::EnvGetInt("MORI_EMULATED_NIC_DELAY_US");
+  MORI_CHECK(delay >= 0 && delay <= 60'000'000, core::ErrorCode::InvalidUsage,
+             "MORI_EMULATED_NIC_DELAY_US=%lld is outside [0, 60000000]", static_cast<long long>(delay));
+  delayUs_.store(static_cast<uint32_t>(delay));
   listenAddr_ = net::PickLocalAddress();
   listenAddr_.SetPort(0);
   listener_ = net::Listen(listenAddr_);
@@ -92,7 +109,8 @@ SoftNic::~SoftNic() {
 }
 
 EmulatedNicStats SoftNic::Stats() const {
-  return {wqesExecuted_.load(), bytesMoved_.load(), cqesWritten_.load(), requestsServed_.load(), stallReports_.load()};
+  return {wqesExecuted_.load(),  bytesMoved_.load(),     cqesWritten_.load(),    requestsServed_.load(),
+          stallReports_.load(), doorbellFaults_.load(), strangersRefused_.load()};
 }
 
 // ---------------------------------------------------------------- setup
@@ -140,6 +158,7 @@ RdmaEndpoint SoftNic::CreateRdmaEndpoint(const RdmaEndpointConfig& config) {
   ep.handle.portId = config.portId;
   ep.handle.lid = 0;
   ep.handle.wirePort = listenAddr_.Port();
+  ep.handle.wireNonce = nonce_;
   net::WireAddress w = listenAddr_.ToWire();
   std::memset(ep.handle.gid, 0, sizeof(ep.handle.gid));
   if (w.family == AF_INET) {  // IPv4-mapped GID, as RoCE v2 writes an IPv4 address
@@ -183,9 +202,11 @@ SoftNic::Qp* SoftNic::FindQp(uint32_t qpn) {
 }
 
 void SoftNic::ConnectEndpoint(const RdmaEndpointHandle& local, const RdmaEndpointHandle& remote) {
-  MORI_CHECK(remote.provider == static_cast<uint32_t>(ProviderType::MLX5) && remote.wirePort != 0,
+  MORI_CHECK(remote.provider == static_cast<uint32_t>(ProviderType::MLX5) && remote.wirePort != 0 &&
+                 remote.wireNonce != 0,
              core::ErrorCode::InvalidUsage,
-             "emulated NIC: the remote endpoint (QP %u) was not made by an emulated NIC (no wire port)", remote.qpn);
+             "emulated NIC: the remote endpoint (QP %u) was not made by an emulated NIC (no wire port or nonce)",
+             remote.qpn);
   net::WireAddress w{};
   static const uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
   if (std::memcmp(remote.gid, kMappedPrefix, 12) == 0) {
@@ -201,6 +222,7 @@ void SoftNic::ConnectEndpoint(const RdmaEndpointHandle& local, const RdmaEndpoin
   MORI_CHECK(!qp.connected, core::ErrorCode::InvalidUsage, "emulated NIC: QP %u is already connected", qp.qpn);
   qp.remoteAddr = net::SocketAddress::FromWire(w);
   qp.remoteQpn = remote.qpn;
+  qp.remoteNonce = remote.wireNonce;
   qp.nextPsn = local.psn;
   qp.expectedPsn = remote.psn;
   qp.connected = true;
@@ -272,9 +294,8 @@ uint8_t SoftNic::CheckRemote(uint32_t rkey, uintptr_t addr, size_t bytes, uint32
   *region = nullptr;
   const Region* r = FindRegion(rkey);
   if (r == nullptr || (r->access & access) != access) return kSyndromeRemoteAccessErr;
-  if (bytes > 0 && (addr < r->addr || bytes > r->length || addr - r->addr > r->length - bytes)) {
-    return kSyndromeRemoteAccessErr;
-  }
+  // Zero-length requests too: their address must lie in the region (one end of it at most).
+  if (addr < r->addr || bytes > r->length || addr - r->addr > r->length - bytes) return kSyndromeRemoteAccessErr;
   *region = r;
   return 0;
 }
@@ -307,6 +328,7 @@ void SoftNic::Run() {
           work |= moved;
           WatchProgress(*qp, moved, now);
         }
+        CloseSilentStrangers(now);
         ReapLinks();
       }
       if (work) lastWork_ = now;
@@ -326,11 +348,11 @@ void SoftNic::Run() {
 void SoftNic::WatchProgress(Qp& qp, bool moved, Clock::time_point now) {
   // A QP that moved costs nothing more here: the rest is for one that did not.
   bool pending = false;
-  uint32_t pi = 0;
+  uint32_t record = 0;
   if (!moved) {
-    pi = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(&qp.dbrec[kSendDbrIndex])) & 0xffffu;
+    record = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(&qp.dbrec[kSendDbrIndex])) & 0xffffu;
     pending = !qp.inflight.empty() || !qp.pendingCqes.empty() || !qp.requests.empty() ||
-              (qp.sqConsumed & 0xffffu) != pi;
+              (qp.sqConsumed & 0xffffu) != record || (qp.sqConsumed & 0xffffu) != qp.rung;
   }
   if (!pending || qp.lastProgress == Clock::time_point{}) {  // (the last: first look at a new QP)
     qp.lastProgress = now;
@@ -343,20 +365,61 @@ void SoftNic::WatchProgress(Qp& qp, bool moved, Clock::time_point now) {
   const InFlight* front = qp.inflight.empty() ? nullptr : &qp.inflight.front();
   uint32_t consumed = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(qp.cqDbrec)) & kCqConsumerIndexMask;
   auto still = std::chrono::duration_cast<std::chrono::milliseconds>(now - qp.lastProgress).count();
+  // WQEs in the record that no doorbell announced: software updated the record and did not ring.
+  const bool unrung = ((record - (qp.sqConsumed & 0xffffu)) & 0xffffu) > ((qp.rung - qp.sqConsumed) & 0xffffu);
   MORI_LOG_WARN(Rdma,
-                "emulated QP %u made no progress for %lld ms: state %d, blocked %d, send queue read to %u of %u, %zu "
-                "in flight (front: slot %u psn %u done %d opcode %u), next psn %u, expected psn %u, %zu requests "
-                "queued, %zu CQEs waiting (produced %u, consumed %u, depth %u), link %s",
-                qp.qpn, static_cast<long long>(still),
-                static_cast<int>(qp.state), qp.blocked ? 1 : 0, qp.sqConsumed & 0xffffu, pi, qp.inflight.size(),
+                "emulated QP %u made no progress for %lld ms: state %d, blocked %d, send queue read to %u (doorbell "
+                "rang to %u, doorbell record at %u%s), %zu in flight (front: slot %u psn %u done %d opcode %u), next "
+                "psn %u, expected psn %u, %zu requests queued, %zu CQEs waiting (produced %u, consumed %u, depth %u), "
+                "link %s",
+                qp.qpn, static_cast<long long>(still), static_cast<int>(qp.state), qp.blocked ? 1 : 0,
+                qp.sqConsumed & 0xffffu, qp.rung, record,
+                unrung ? ": WQEs were announced in the record but no doorbell rang for them (a missing or stale "
+                         "RingDoorbell?)"
+                       : "",
+                qp.inflight.size(),
                 front ? front->slot : 0u, front ? front->psn : 0u, front ? (front->done ? 1 : 0) : -1,
                 front ? static_cast<unsigned>(front->opcode) : 0u, qp.nextPsn, qp.expectedPsn, qp.requests.size(),
                 qp.pendingCqes.size(), qp.cqProduced, consumed, qp.cqDepth,
                 qp.link == nullptr ? "none" : qp.link->dead ? "dead" : "up");
 }
 
+// Where the NIC may read the send queue to: through the last WQE a doorbell announced, as on mlx5 (the
+// doorbell write carries that WQE's first 8 bytes), and never past the doorbell record, which software updates
+// before it rings (a doorbell ahead of the record waits for it). A doorbell write that names no WQE of this
+// queue (another QP's number, bytes that are not the WQE's control word, an index outside the queue) is
+// ignored, counted and logged; WQEs that no valid doorbell announced are never read, and the stall watch names
+// them.
+uint32_t SoftNic::SendQueueEnd(Qp& qp) {
+  const uint64_t bell = AtomicLoad<MemoryOrder::Acquire>(qp.uar);
+  const uint32_t consumed = qp.sqConsumed & 0xffffu;
+  const uint32_t record = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(&qp.dbrec[kSendDbrIndex])) & 0xffffu;
+  const uint32_t recorded = (record - consumed) & 0xffffu;
+  const auto end = [&] { return (consumed + std::min(recorded, (qp.rung - consumed) & 0xffffu)) & 0xffffu; };
+  if (bell != qp.bell) {
+    uint32_t word[2];
+    std::memcpy(word, &bell, sizeof(word));  // the bytes as written: the control segment's first two words
+    const uint32_t index = (BeToHost32(word[0]) >> 8) & 0xffffu;
+    const uint32_t ahead = (index + 1 - consumed) & 0xffffu;  // WQEs it announces beyond what was read
+    if (ahead <= qp.sqDepth && ahead > recorded) return end();  // rung before the record says so: wait for it
+    qp.bell = bell;
+    const uint8_t* wqe = qp.sq + size_t(index & (qp.sqDepth - 1)) * kSendWqeBasicBlock;
+    if (ahead <= qp.sqDepth && (BeToHost32(word[1]) >> 8) == qp.qpn && std::memcmp(wqe, word, sizeof(word)) == 0) {
+      qp.rung = (index + 1) & 0xffffu;
+    } else {
+      doorbellFaults_.fetch_add(1, std::memory_order_relaxed);
+      MORI_LOG_WARN(Rdma,
+                    "emulated QP %u: a doorbell write (0x%016llx: WQE index %u, QPN %u) names no WQE posted to this "
+                    "send queue (read to %u, record at %u, depth %u); ignored",
+                    qp.qpn, static_cast<unsigned long long>(bell), index, BeToHost32(word[1]) >> 8, consumed, record,
+                    qp.sqDepth);
+    }
+  }
+  return end();
+}
+
 bool SoftNic::PumpSendQueue(Qp& qp, Clock::time_point now) {
-  uint32_t pi = BeToHost32(AtomicLoad<MemoryOrder::Acquire>(&qp.dbrec[kSendDbrIndex])) & 0xffffu;
+  const uint32_t pi = SendQueueEnd(qp);
   bool work = false;
   while ((qp.sqConsumed & 0xffffu) != pi) {
     if (qp.blocked || qp.inflight.size() >= kMaxInFlightPerQp) break;
@@ -480,8 +543,7 @@ bool SoftNic::StartWqe(Qp& qp, uint32_t slot, Clock::time_point now) {
       FailWqe(qp, slot, opcode, signaled, bad);
       return false;
     }
-    f.localDevice = local != nullptr && local->device;
-    f.localGpu = local != nullptr ? local->gpu : -1;
+    f.lkey = BeToHost32(data->lkey);
     h.type = static_cast<uint8_t>(PacketType::ReadRequest);
     h.length = f.length;
   } else if (opcode == kOpcodeAtomicCompareSwap || opcode == kOpcodeAtomicFetchAdd) {
@@ -500,8 +562,7 @@ bool SoftNic::StartWqe(Qp& qp, uint32_t slot, Clock::time_point now) {
       FailWqe(qp, slot, opcode, signaled, bad);
       return false;
     }
-    f.localDevice = local->device;
-    f.localGpu = local->gpu;
+    f.lkey = BeToHost32(data->lkey);
     h.type = static_cast<uint8_t>(PacketType::AtomicRequest);
     h.atomicOp = static_cast<uint8_t>(opcode == kOpcodeAtomicCompareSwap ? AtomicOp::CompareSwap : AtomicOp::FetchAdd);
     h.swapAdd = BeToHost64(atomic->swapAdd);
@@ -547,20 +608,35 @@ SoftNic::Link* SoftNic::OutgoingLink(Qp& qp) {
   if (qp.link != nullptr && !qp.link->dead) return qp.link;
   if (linkDropped_.load()) return nullptr;
   for (auto& link : links_) {
-    if (link->outgoing && !link->dead && link->peer.ToString() == qp.remoteAddr.ToString()) {
+    if (link->outgoing && !link->dead && link->peerNonce == qp.remoteNonce &&
+        link->peer.ToString() == qp.remoteAddr.ToString()) {
       qp.link = link.get();
       return qp.link;
     }
   }
+  // The connection is started, not waited for: the engine holds its lock here, and every QP would stall
+  // behind a slow connect. Packets queue on the link until it is up; a connect that fails kills the link,
+  // which fails what was sent on it.
   try {
     auto link = std::make_unique<Link>();
-    link->fd = net::ConnectWithRetry(qp.remoteAddr, core::Deadline::After(2), "the emulated NIC of QP " +
-                                                                                   std::to_string(qp.remoteQpn));
-    net::SetNonBlocking(link->fd.Get(), true);
+    link->fd.Reset(socket(qp.remoteAddr.Family(), SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    MORI_CHECK_SYS(link->fd.Get());
+    if (connect(link->fd.Get(), qp.remoteAddr.Sockaddr(), qp.remoteAddr.Length()) < 0 && errno != EINPROGRESS) {
+      MORI_THROW_SYS(errno, "cannot connect to the emulated NIC of QP %u at %s", qp.remoteQpn,
+                     qp.remoteAddr.ToString().c_str());
+    }
+    net::SetNoDelay(link->fd.Get());
+    net::DetectVanishedPeer(link->fd.Get(), core::TimeoutSeconds());
     link->peer = qp.remoteAddr;
     link->outgoing = true;
+    link->greeted = true;
+    link->peerNonce = qp.remoteNonce;
     qp.link = link.get();
     links_.push_back(std::move(link));
+    PacketHeader hello = MakePacketHeader(PacketType::Hello);
+    hello.raddr = qp.remoteNonce;
+    hello.swapAdd = nonce_;
+    Send(*qp.link, hello, nullptr, 0);
     return qp.link;
   } catch (const core::Error& e) {
     MORI_LOG_WARN(Rdma, "emulated QP %u: %s", qp.qpn, e.what());
@@ -578,16 +654,13 @@ void SoftNic::Send(Link& link, const PacketHeader& h, const void* payload, size_
 
 void SoftNic::Respond(Link& link, const PacketHeader& request, PacketType type, uint8_t syndrome, const void* payload,
                       size_t bytes, uint64_t value) {
-  // A refused request does not advance the expected sequence: what follows it is dropped.
+  // A refused request does not advance the expected sequence: what follows it is refused too.
   if (IsRequest(request.type) && syndrome == 0) {
     Qp* qp = FindQp(request.dstQpn);
     if (qp != nullptr && qp->expectedPsn == request.psn) qp->expectedPsn = (qp->expectedPsn + 1) & 0xffffff;
   }
   if (link.dead) return;
-  PacketHeader h{};
-  h.magic = kWireMagic;
-  h.version = kWireVersion;
-  h.type = static_cast<uint8_t>(type);
+  PacketHeader h = MakePacketHeader(type);
   h.syndrome = syndrome;
   h.srcQpn = request.dstQpn;
   h.dstQpn = request.srcQpn;
@@ -606,17 +679,33 @@ void SoftNic::OnResponse(Qp& qp, const PacketHeader& h, std::vector<uint8_t>& pa
       qp.blocked = true;  // send nothing more: the QP is about to enter the error state
       return;
     }
+    const PacketType expected = f.opcode == kOpcodeRdmaRead ? PacketType::ReadResponse
+                                : f.opcode == kOpcodeAtomicCompareSwap || f.opcode == kOpcodeAtomicFetchAdd
+                                    ? PacketType::AtomicResponse
+                                    : PacketType::Ack;
+    if (h.type != static_cast<uint8_t>(expected) ||
+        (expected == PacketType::ReadResponse && payload.size() != f.length)) {
+      f.syndrome = kSyndromeBadRespErr;
+      return;
+    }
+    if (expected == PacketType::Ack) return;
+    // The destination must still be registered: software may have deregistered (and freed) it meanwhile.
+    const Region* local = nullptr;
+    if (CheckLocal(f.lkey, f.laddr, f.length, true, &local) != 0) {
+      MORI_LOG_WARN(Rdma, "emulated QP %u: the destination of the %s in slot %u (%u bytes at 0x%llx) was deregistered "
+                          "while it was in flight; nothing written",
+                    qp.qpn, expected == PacketType::ReadResponse ? "read" : "atomic", f.slot, f.length,
+                    static_cast<unsigned long long>(f.laddr));
+      f.syndrome = kSyndromeLocalProtErr;
+      return;
+    }
     try {
-      if (h.type == static_cast<uint8_t>(PacketType::ReadResponse)) {
-        if (payload.size() != f.length) {
-          f.syndrome = kSyndromeBadRespErr;
-          return;
-        }
-        memory_.Write(f.laddr, payload.data(), payload.size(), f.localDevice, f.localGpu);
+      if (expected == PacketType::ReadResponse) {
+        if (f.length > 0) memory_.Write(f.laddr, payload.data(), payload.size(), local->device, local->gpu);
         f.byteCount = f.length;
         bytesMoved_.fetch_add(payload.size(), std::memory_order_relaxed);
-      } else if (h.type == static_cast<uint8_t>(PacketType::AtomicResponse)) {
-        memory_.Write(f.laddr, &h.swapAdd, sizeof(h.swapAdd), f.localDevice, f.localGpu);
+      } else {
+        memory_.Write(f.laddr, &h.swapAdd, sizeof(h.swapAdd), local->device, local->gpu);
         f.byteCount = 8;
       }
     } catch (const core::Error& e) {
@@ -682,15 +771,12 @@ bool SoftNic::Execute(Qp& qp, Request& r, Clock::time_point now) {
 bool SoftNic::ExecuteUnchecked(Qp& qp, Request& r, Clock::time_point now) {
   const PacketHeader& h = r.header;
   Link& link = *r.link;
-  if (qp.state != Qp::State::Ready || qp.remoteQpn != h.srcQpn) {
-    // No live QP to take it: the requester's retries run out.
-    Respond(link, h, PacketType::Ack, kSyndromeTransportRetryExcErr, nullptr, 0);
-    return true;
-  }
-  if (h.psn != qp.expectedPsn) {
-    // Out of sequence: a request after one this responder refused. RC drops it; the requester has the error
-    // of the refused one and flushes everything after it.
-    MORI_LOG_DEBUG(Rdma, "emulated QP %u: dropped request psn %u, expecting %u", qp.qpn, h.psn, qp.expectedPsn);
+  if (qp.state != Qp::State::Ready || qp.remoteQpn != h.srcQpn || h.psn != qp.expectedPsn) {
+    // No live QP connected to that source, or out of sequence (a request after one this responder refused:
+    // the requester has the error of the refused one and flushes everything after it).
+    MORI_LOG_DEBUG(Rdma, "emulated QP %u: refused request psn %u from QP %u (expecting psn %u from QP %u)", qp.qpn,
+                   h.psn, h.srcQpn, qp.expectedPsn, qp.remoteQpn);
+    Refuse(link, h);
     return true;
   }
   bool done = ExecuteInSequence(qp, r, now);
@@ -877,7 +963,10 @@ bool SoftNic::PollLinks(int timeoutMs) {
     while (true) {
       int fd = accept4(listener_.Get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
       if (fd < 0) break;
-      if (linkDropped_.load()) {
+      size_t ungreeted = 0;
+      for (const auto& l : links_) ungreeted += !l->dead && !l->greeted;
+      if (ungreeted >= kMaxUngreetedLinks) strangersRefused_.fetch_add(1, std::memory_order_relaxed);
+      if (linkDropped_.load() || ungreeted >= kMaxUngreetedLinks) {
         close(fd);
         continue;
       }
@@ -885,6 +974,7 @@ bool SoftNic::PollLinks(int timeoutMs) {
       link->fd.Reset(fd);
       link->peer = net::PeerAddressOf(fd);
       net::SetNoDelay(fd);
+      net::DetectVanishedPeer(fd, core::TimeoutSeconds());
       links_.push_back(std::move(link));
     }
   }
@@ -924,15 +1014,10 @@ void SoftNic::ReadLink(Link& link) {
       dst = reinterpret_cast<uint8_t*>(&link.rxHeader) + link.rxHeaderGot;
       want = sizeof(PacketHeader) - link.rxHeaderGot;
     } else {
-      // The payload is received into memory that grows with what came (doubling from 1 MiB): a header that
-      // announces 2 GiB costs nothing until the bytes are there.
-      const uint64_t total = PayloadBytes(link.rxHeader);
-      if (link.rxPayloadGot == link.rxPayload.size() && link.rxPayloadGot < total) {
-        const size_t grown = link.rxPayloadGot + std::max(kRxPiece, link.rxPayloadGot);
-        link.rxPayload.resize(static_cast<size_t>(std::min<uint64_t>(total, grown)));
-      }
+      // The payload is received into memory that grows with what came: a header that announces 2 GiB costs
+      // nothing until the bytes are there.
+      want = net::ReceiveRoom(link.rxPayload, link.rxPayloadGot, PayloadBytes(link.rxHeader));
       dst = link.rxPayload.data() + link.rxPayloadGot;
-      want = link.rxPayload.size() - link.rxPayloadGot;
     }
     ssize_t n = want == 0 ? 0 : recv(link.fd.Get(), dst, want, MSG_DONTWAIT);
     if (want > 0 && n < 0) {
@@ -953,6 +1038,11 @@ void SoftNic::ReadLink(Link& link) {
         KillLink(link, "malformed bytes on the wire: " + bad);
         return;
       }
+      if (!link.greeted || IsHello(link.rxHeader.type)) {  // nothing is taken from a stranger, not even a payload
+        if (!Greet(link, link.rxHeader)) return;
+        link.rxHeaderGot = 0;
+        continue;
+      }
       link.rxPayload.clear();
       link.rxPayloadGot = 0;
     } else {
@@ -968,18 +1058,66 @@ void SoftNic::ReadLink(Link& link) {
   }
 }
 
+// An accepted connection's first packet must be a hello that names this NIC's nonce; a second hello, or a hello
+// on a connection this NIC opened, is as wrong. Returns whether the link goes on.
+bool SoftNic::Greet(Link& link, const PacketHeader& h) {
+  if (!link.greeted && IsHello(h.type) && h.raddr == nonce_ && h.swapAdd != 0) {
+    link.greeted = true;
+    link.peerNonce = h.swapAdd;
+    return true;
+  }
+  strangersRefused_.fetch_add(1, std::memory_order_relaxed);
+  const char* why = link.greeted           ? "a second hello"
+                    : IsHello(h.type)      ? "its hello named another NIC's nonce (a peer of another job?)"
+                                           : "its first packet was not a hello (a stranger on the wire?)";
+  MORI_LOG_WARN(Rdma, "emulated NIC: refused the wire connection from %s: %s", link.peer.ToString().c_str(), why);
+  KillLink(link, std::string("refused: ") + why);
+  return false;
+}
+
+// Every request this NIC will not run gets one answer, whatever the reason (no such QP, a QP connected to another
+// NIC or QP or not ready, a PSN out of sequence, a key, range or access that does not fit): a NAK with the remote
+// access error, so that a prober learns nothing about which check failed.
+void SoftNic::Refuse(Link& link, const PacketHeader& request) {
+  Respond(link, request, PacketType::Ack, kSyndromeRemoteAccessErr, nullptr, 0);
+}
+
+void SoftNic::CloseSilentStrangers(Clock::time_point now) {
+  for (auto& link : links_) {
+    if (!link->dead && !link->greeted && now - link->since > kHelloWait) {
+      strangersRefused_.fetch_add(1, std::memory_order_relaxed);
+      MORI_LOG_WARN(Rdma, "emulated NIC: closed the wire connection from %s: no hello within %lld s",
+                    link->peer.ToString().c_str(),
+                    static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(kHelloWait).count()));
+      KillLink(*link, "no hello");
+    }
+  }
+}
+
 void SoftNic::OnPacket(Link& link, PacketHeader& h, std::vector<uint8_t>& payload) {
   Qp* qp = FindQp(h.dstQpn);
   if (IsRequest(h.type)) {
-    if (qp == nullptr) {
-      Respond(link, h, PacketType::Ack, kSyndromeTransportRetryExcErr, nullptr, 0);
+    if (link.outgoing) {  // requests come only on connections peers opened
+      strangersRefused_.fetch_add(1, std::memory_order_relaxed);
+      KillLink(link, "a request came on a connection this NIC opened");
+      return;
+    }
+    if (qp == nullptr || qp->remoteNonce != link.peerNonce) {
+      Refuse(link, h);
       return;
     }
     qp->requests.push_back(Request{h, std::move(payload), &link, Clock::now()});
     PumpRequests(*qp, Clock::now());
     return;
   }
-  if (qp != nullptr) OnResponse(*qp, h, payload);
+  // A response counts only on the connection its QP's requests went out on, from the QP they went to.
+  if (qp == nullptr || qp->link != &link || h.srcQpn != qp->remoteQpn) {
+    strangersRefused_.fetch_add(1, std::memory_order_relaxed);
+    MORI_LOG_DEBUG(Rdma, "emulated NIC: dropped a response for QP %u from QP %u on a connection it did not ask on",
+                   h.dstQpn, h.srcQpn);
+    return;
+  }
+  OnResponse(*qp, h, payload);
 }
 
 void SoftNic::KillLink(Link& link, const std::string& reason) {

@@ -1,6 +1,7 @@
 // The emulated NIC: a device context whose "hardware" is an engine thread. It owns send, receive and
-// completion queues in the exact mlx5 layouts (in host-pinned memory that GPU threads can reach), watches
-// the doorbell records, executes WQEs in order per QP, and writes mlx5 CQEs. Peers are other emulated NICs,
+// completion queues in the exact mlx5 layouts (in host-pinned memory that GPU threads can reach), executes
+// the WQEs a doorbell announced (its write carries the last WQE's control word, as on mlx5; the doorbell
+// record bounds what may be read), in order per QP, and writes mlx5 CQEs. Peers are other emulated NICs,
 // reached over a TCP wire. It checks keys, access and bounds like RC hardware and answers a violation with
 // an error CQE carrying the mlx5 syndrome, moving the QP to the error state and flushing what follows.
 #pragma once
@@ -77,8 +78,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
     uint32_t byteCount = 0;
     uintptr_t laddr = 0;  // where a read's data or an atomic's original value lands
     uint32_t length = 0;
-    bool localDevice = false;  // of the region laddr lies in (by value: it may be deregistered meanwhile)
-    int localGpu = -1;
+    uint32_t lkey = 0;    // of the region laddr lies in: looked up again when the response comes
   };
 
   // A request from a peer, executed in arrival order per QP.
@@ -107,12 +107,15 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
     enum class State { Reset, Ready, Error } state = State::Reset;
     bool connected = false;
     net::SocketAddress remoteAddr;
+    uint64_t remoteNonce = 0;  // of the peer's NIC: its requests come on links that said it in their hello
     uint32_t remoteQpn = 0;
     Link* link = nullptr;  // outgoing connection to the peer's NIC
     uint32_t nextPsn = 0;      // requester: PSN of the next request sent
     uint32_t expectedPsn = 0;  // responder: PSN of the next request to execute
 
     uint32_t sqConsumed = 0;  // next send slot the NIC reads
+    uint64_t bell = 0;        // the doorbell register's value last looked at
+    uint32_t rung = 0;        // one past the last WQE a valid doorbell announced (16 bits)
     uint32_t rqConsumed = 0;
     uint32_t cqProduced = 0;
     Clock::time_point sqEligible{};  // the delay knob: when the next WQE may execute
@@ -130,6 +133,9 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
     UniqueFd fd;
     net::SocketAddress peer;
     bool outgoing = false;
+    bool greeted = false;     // an accepted link: its hello carried this NIC's nonce (opened ones: always)
+    uint64_t peerNonce = 0;   // the nonce of the NIC at the other end
+    std::chrono::steady_clock::time_point since = std::chrono::steady_clock::now();
     bool dead = false;
     std::string deathReason;
     PacketHeader rxHeader{};
@@ -142,6 +148,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
 
   void Run();
   void WatchProgress(Qp& qp, bool moved, Clock::time_point now);
+  uint32_t SendQueueEnd(Qp& qp);
   bool PumpSendQueue(Qp& qp, Clock::time_point now);
   bool PumpRequests(Qp& qp, Clock::time_point now);
   bool PumpCompletions(Qp& qp);
@@ -149,6 +156,9 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   void ReadLink(Link& link);
   void WriteLink(Link& link);
   void OnPacket(Link& link, PacketHeader& h, std::vector<uint8_t>& payload);
+  bool Greet(Link& link, const PacketHeader& h);
+  void Refuse(Link& link, const PacketHeader& request);
+  void CloseSilentStrangers(Clock::time_point now);
   void KillLink(Link& link, const std::string& reason);
   void ReapLinks();
 
@@ -184,6 +194,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   std::list<std::unique_ptr<Link>> links_;
   UniqueFd listener_;
   net::SocketAddress listenAddr_;
+  uint64_t nonce_ = 0;  // asked of every connection in its hello
   NicMemory memory_;
   Mlx5HostQueues hostQueues_;
   std::vector<uint8_t> scratch_;
@@ -194,7 +205,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   std::atomic<bool> corruptNextRkey_{false};
   std::atomic<uint32_t> rnrTimeoutMs_{5000};
   std::atomic<uint32_t> stallReportMs_{10000};
-  std::atomic<uint64_t> stallReports_{0};
+  std::atomic<uint64_t> stallReports_{0}, doorbellFaults_{0}, strangersRefused_{0};
   std::atomic<uint64_t> wqesExecuted_{0}, bytesMoved_{0}, cqesWritten_{0}, requestsServed_{0};
   Clock::time_point lastWork_;
   std::thread engine_;

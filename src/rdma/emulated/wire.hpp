@@ -1,6 +1,8 @@
 // The emulated NIC's wire: fixed-size packet headers on TCP connections between emulated NICs. Requests go
 // out on connections a NIC opens; responses come back on the connection their request arrived on, so
-// each connection keeps RC's per-QP order.
+// each connection keeps RC's per-QP order. A connection opens with a hello that carries the nonce of the NIC
+// it reaches (from that NIC's endpoint handles, which only the job has) and the nonce of the NIC that opens
+// it; the accepting NIC takes nothing else first, and runs requests only for QPs connected to that NIC.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +11,7 @@
 namespace mori::rdma::emulated {
 
 constexpr uint32_t kWireMagic = 0x4e454f4dU;  // "MOEN"
-constexpr uint8_t kWireVersion = 1;
+constexpr uint8_t kWireVersion = 2;
 constexpr uint64_t kMaxWirePayload = 1ull << 31;
 
 enum class PacketType : uint8_t {
@@ -20,6 +22,7 @@ enum class PacketType : uint8_t {
   Ack = 5,             // success, or a NAK when `syndrome` is set
   ReadResponse = 6,
   AtomicResponse = 7,
+  Hello = 8,           // raddr: the nonce of the NIC connected to; swapAdd: the nonce of the NIC connecting
 };
 
 struct PacketHeader {
@@ -41,6 +44,16 @@ static_assert(sizeof(PacketHeader) == 56, "the wire header is 56 bytes");
 
 inline bool IsRequest(uint8_t type) { return type >= 1 && type <= 4; }
 inline bool IsResponse(uint8_t type) { return type >= 5 && type <= 7; }
+inline bool IsHello(uint8_t type) { return type == static_cast<uint8_t>(PacketType::Hello); }
+
+// A header of this wire version and `type`, every other field zero.
+inline PacketHeader MakePacketHeader(PacketType type) {
+  PacketHeader h{};
+  h.magic = kWireMagic;
+  h.version = kWireVersion;
+  h.type = static_cast<uint8_t>(type);
+  return h;
+}
 
 // Bytes that follow the header on the wire (a read request's length is what it asks for, not what it carries).
 inline uint64_t PayloadBytes(const PacketHeader& h) {
