@@ -547,7 +547,9 @@ bool ProcessStopped(pid_t pid) {
   return close != std::string::npos && close + 2 < text.size() && text[close + 2] == 'T';
 }
 
-TEST(TcpLinkMp, FlushIsBoundedWhileThePeerStalls) {
+// A Flush that times out fails the link (what is queued may never complete) and returns only once the link's
+// threads have let go of the caller's buffers; the stalled peer, resumed, finds the link failed.
+TEST(TcpLinkMp, AFlushThatTimesOutFailsTheLinkWhileThePeerStalls) {
   const size_t bytes = 8 << 20;
   RunPair([&](int rank, Bootstrap& b) {
     const int peer = 1 - rank;
@@ -569,13 +571,112 @@ TEST(TcpLinkMp, FlushIsBoundedWhileThePeerStalls) {
       auto err = CatchError([&] { link->Flush(300000); });
       EXPECT_EQ(err.first, ErrorCode::Timeout) << err.second;
       EXPECT_TRUE(Contains(err.second, "unacknowledged")) << err.second;
-      EXPECT_FALSE(link->Failed());
+      EXPECT_TRUE(Contains(err.second, "the link is failed")) << err.second;
+      EXPECT_TRUE(link->Failed());
+      buf.Fill(rank, 4);  // the caller's memory is its own again: nothing sends from it any more
+      EXPECT_EQ(CatchError([&] { link->Write(peerKey, 0, buf.Data(), false, 64); }).first, ErrorCode::Timeout);
       kill(peerPid, SIGCONT);
-      link->Flush();  // the same work completes once the peer runs again
+    }
+    if (rank == 1) {
+      EXPECT_TRUE(WaitUntil([&] { return link->Failed(); })) << "the resumed peer did not learn of the failure";
+      auto err = CatchError([&] { link->Flush(); });
+      EXPECT_EQ(err.first, ErrorCode::RemoteFailure) << err.second;
     }
     b.Barrier();
-    if (rank == 1) {
-      EXPECT_EQ(test::FirstPatternMismatch(buf.Data(), bytes, 0, 3), bytes);
+    return 0;
+  });
+}
+
+// A read's data is held by the side that answers it only until it is on the wire, and the read is acknowledged
+// only then, so a peer that keeps to its window makes that side hold at most window x chunk. A peer that
+// does not (raw ReadRequests of 64 MiB, then it stops reading) is refused once it asks for more than 256 MiB
+// unsent; before, every request was copied whole and held, without bound.
+TEST(TcpLinkMp, ReadsBeyondTheWindowAreRefused) {
+  const size_t bytes = 64 << 20;
+  RunPair([&](int rank, Bootstrap& b) {
+    const int peer = 1 - rank;
+    Mem src(bytes, false);
+    src.Fill(rank, 8);
+    uint32_t peerKey = Swap(b, peer, src.Key(), 2);
+    auto link = TcpLink::Connect(b, peer, 1, Options(1, 4, 64 << 20));
+    pid_t peerPid = Swap(b, peer, getpid(), 3);
+    if (rank == 1) {  // asks for 5 x 64 MiB at once, then stops reading (rank 0 resumes it)
+      std::vector<uint8_t> raw;
+      for (uint64_t i = 1; i <= 5; ++i) {
+        FrameHeader h = MakeFrame(FrameType::ReadRequest);
+        h.key = peerKey;
+        h.seq = i;
+        h.id = i;
+        h.arg0 = bytes;
+        raw.insert(raw.end(), reinterpret_cast<uint8_t*>(&h), reinterpret_cast<uint8_t*>(&h) + sizeof(h));
+      }
+      link->InjectRawBytesForTest(0, raw);
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the requests are on the wire
+      raise(SIGSTOP);
+    } else {
+      EXPECT_TRUE(WaitUntil([&] { return link->Failed(); }, 60)) << "5 x 64 MiB of reads were all taken";
+      auto err = CatchError([&] { link->Flush(); });
+      EXPECT_EQ(err.first, ErrorCode::Protocol) << err.second;
+      EXPECT_TRUE(Contains(err.second, "does not keep to its window")) << err.second;
+      if (!WaitUntil([&] { return ProcessStopped(peerPid); })) ADD_FAILURE() << "rank 1 did not stop";
+      kill(peerPid, SIGCONT);
+    }
+    b.Barrier();
+    return 0;
+  });
+}
+
+// Reads larger than a chunk go out a chunk per request and come back whole, into host and device memory.
+TEST(TcpLinkMp, ReadsOfManyChunksComeBackWhole) {
+  const size_t bytes = (5 << 20) + 77;
+  RunPair([&](int rank, Bootstrap& b) {
+    const int peer = 1 - rank;
+    Mem src(bytes, rank == 0);
+    src.Fill(rank, 12);
+    uint32_t peerKey = Swap(b, peer, src.Key(), 2);
+    auto link = TcpLink::Connect(b, peer, 1, Options(3, 2, 256 << 10));
+    Mem dst(bytes + 64, rank == 1);
+    dst.Fill(rank, 13);
+    link->Read(dst.Data() + 32, rank == 1, peerKey, 0, bytes);
+    link->Flush();
+    std::vector<uint8_t> got = dst.Contents();
+    EXPECT_EQ(test::FirstPatternMismatch(got.data() + 32, bytes, peer, 12), bytes) << "the read's bytes";
+    std::vector<uint8_t> guard = Pattern(bytes + 64, rank, 13);
+    EXPECT_EQ(std::memcmp(got.data(), guard.data(), 32), 0) << "bytes before the read changed";
+    EXPECT_EQ(std::memcmp(got.data() + 32 + bytes, guard.data() + 32 + bytes, 32), 0) << "bytes after it changed";
+    b.Barrier();
+    return 0;
+  });
+}
+
+// A peer that sends a frame's bytes one at a time, slowly, holds the target only for MORI_TIMEOUT_S: the bound
+// is on the frame, not on the silence between its bytes. Before, each byte restarted the clock.
+TEST(TcpLinkMp, ATricklingPeerFailsTheLinkWithinTheTimeout) {
+  RunPair([&](int rank, Bootstrap& b) {
+    test::ScopedEnv timeout("MORI_TIMEOUT_S", "2");
+    const int peer = 1 - rank;
+    Mem target(4096, false);
+    uint32_t peerKey = Swap(b, peer, target.Key(), 2);
+    auto link = TcpLink::Connect(b, peer, 1, Options(1));
+    if (rank == 1) {  // the trickler: a Write frame of 4096 bytes, then a byte every 200 ms for up to 12 s
+      FrameHeader h = MakeFrame(FrameType::Write);
+      h.key = peerKey;
+      h.seq = 1;
+      h.length = 4096;
+      std::vector<uint8_t> raw(sizeof(h) + 16, 0x5c);
+      std::memcpy(raw.data(), &h, sizeof(h));
+      link->InjectRawBytesForTest(0, raw);
+      Deadline budget = Deadline::After(12);
+      while (!link->Failed() && !budget.Expired()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        link->InjectRawBytesForTest(0, {0x5c});
+      }
+      EXPECT_FALSE(budget.Expired()) << "the receiver was still taking a byte every 200 ms after 12 s";
+    } else {
+      EXPECT_TRUE(WaitUntil([&] { return link->Failed(); }, 20)) << "the trickle never failed the link";
+      auto err = CatchError([&] { link->Flush(); });
+      EXPECT_EQ(err.first, ErrorCode::Timeout) << err.second;
+      EXPECT_TRUE(Contains(err.second, "too slow, or gone")) << err.second;
     }
     b.Barrier();
     return 0;
@@ -1074,6 +1175,34 @@ TEST_F(TcpTwoHosts, ChannelsSpreadOverBothLinksBetweenNamespaces) {
     }
     ExchangeAndVerify(b, *link, rank, bytes, false, {{1, 2, bytes - 3}}, 61, 2);
     for (const auto& info : link->Channels()) EXPECT_GT(info.bytesReceived, 0u) << "channel " << info.index;
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
+}
+
+// A partition that drops every packet without a reset (the peer's veth goes down) is noticed within about
+// MORI_TIMEOUT_S by both ends of an idle link, through keepalive and TCP_USER_TIMEOUT; before, an idle link
+// waited for as long as the partition lasted. The bootstrap runs over the other veth pair, which stays up.
+TEST_F(TcpTwoHosts, APartitionFailsAnIdleLinkOnBothEnds) {
+  const std::string root = addrA_[0] + ":" + std::to_string(test::FreeTcpPort());
+  auto outcomes = test::RunProcesses(2, [&](int rank) {
+    if (!Enter(rank == 0 ? nsA_ : nsB_)) {
+      ADD_FAILURE() << "cannot enter the namespace";
+      return 1;
+    }
+    test::ScopedEnv timeout("MORI_TIMEOUT_S", "3");
+    SocketBootstrap b(rank, 2);
+    b.Initialize(root, 60);
+    const auto& ifs = rank == 0 ? ifA_ : ifB_;
+    auto link = TcpLink::Connect(b, 1 - rank, 1, Options(1, 16, 64 << 10, {ifs[1]}));
+    ExchangeAndVerify(b, *link, rank, 100000, false, {{0, 0, 100000}}, 71, 2);  // the link works
+    if (rank == 0 && Sh("ip -n " + nsB_ + " link set " + ifB_[1] + " down") != 0) {
+      ADD_FAILURE() << "could not take the veth down";
+    }
+    EXPECT_TRUE(WaitUntil([&] { return link->Failed(); }, 30)) << "rank " << rank << ": the partition went unnoticed";
+    auto err = CatchError([&] { link->Flush(); });
+    EXPECT_NE(err.first, ErrorCode::Internal) << err.second;
+    b.Barrier();
     return 0;
   });
   test::ExpectAllSucceed(outcomes);

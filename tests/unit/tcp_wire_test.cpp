@@ -176,6 +176,9 @@ TEST(TcpWire, MalformedFramesAreRefusedWithTheReason) {
   h = Good(FrameType::ReadData);
   h.length = 0;
   bad(h, "ReadData frame of 0 bytes");
+  h = Good(FrameType::ReadRequest);
+  h.arg0 = kMaxChunkBytes + 1;
+  bad(h, "beyond a chunk");
   h = Good(FrameType::Hello);
   h.length = 31;
   bad(h, "Hello frame of 31 bytes");
@@ -266,6 +269,12 @@ TEST(TcpOptions, OutOfRangeValuesAreRefused) {
   ExpectError([&] { TcpLinkOptions::Resolve(tcp); }, ErrorCode::InvalidUsage, "chunk of 10 bytes");
   tcp.chunkBytes = kMaxChunkBytes + 1;
   ExpectError([&] { TcpLinkOptions::Resolve(tcp); }, ErrorCode::InvalidUsage, "MORI_TCP_CHUNK_SIZE");
+  tcp = {};
+  tcp.windowChunks = 5;  // 5 x 64 MiB: more read data than a peer holds for a connection
+  tcp.chunkBytes = kMaxChunkBytes;
+  ExpectError([&] { TcpLinkOptions::Resolve(tcp); }, ErrorCode::InvalidUsage, "MORI_TCP_WINDOW x MORI_TCP_CHUNK_SIZE");
+  tcp.windowChunks = 4;
+  EXPECT_EQ(TcpLinkOptions::Resolve(tcp).windowChunks, 4);
   test::ScopedEnv c("MORI_TCP_CHANNELS", "0");
   ExpectError([] { TcpLinkOptions::Resolve(EndpointConfig::Tcp{}); }, ErrorCode::InvalidUsage, "not 0");
 }

@@ -38,6 +38,10 @@ constexpr int kWakeMs = 200;                      // socket timeouts: a blocked 
 constexpr uint64_t kMaxBounceBytes = 4ull << 20;  // pinned staging for device memory, per channel and direction
 constexpr double kGoodbyeSeconds = 1.0;           // bound on the Close / Fail frame of a closing link
 constexpr int kMaxWindow = 4096;
+// Read data a connection holds for its peer before it is on the wire. A read is acknowledged only once its data
+// is sent, so a peer that keeps to its window makes this side hold at most window x chunk (checked here for
+// this side's own options); a peer that does not is refused.
+constexpr uint64_t kMaxHeldReadBytes = 256ull << 20;
 
 // Word operations from every link of this process (loopback included) on one word take the same lock, so
 // that those on device memory (a read-modify-write through the GPU runtime) are atomic with respect to each
@@ -78,13 +82,27 @@ void ValidateOptions(const TcpLinkOptions& o) {
              "a Tcp chunk of %llu bytes is outside [%llu, %llu] (MORI_TCP_CHUNK_SIZE, EndpointConfig::tcp.chunkBytes)",
              static_cast<unsigned long long>(o.chunkBytes), static_cast<unsigned long long>(kMinChunkBytes),
              static_cast<unsigned long long>(kMaxChunkBytes));
+  MORI_CHECK(static_cast<uint64_t>(o.windowChunks) * o.chunkBytes <= kMaxHeldReadBytes, ErrorCode::InvalidUsage,
+             "a Tcp window of %d chunks of %llu bytes is more than the %llu bytes of read data a peer holds for a "
+             "connection (MORI_TCP_WINDOW x MORI_TCP_CHUNK_SIZE)",
+             o.windowChunks, static_cast<unsigned long long>(o.chunkBytes),
+             static_cast<unsigned long long>(kMaxHeldReadBytes));
 }
+
+// A read this side answered whose data is not all on the wire yet (channel 0's acknowledgements stop short of
+// it until then).
+struct HeldRead {
+  uint64_t seq = 0;
+  uint64_t bytes = 0;
+  std::atomic<uint64_t> framesLeft{0};
+};
 
 struct OutFrame {
   FrameHeader header{};
   const uint8_t* payload = nullptr;  // Write: the source memory; ReadData: inside `owned`
   bool payloadDevice = false;
   std::shared_ptr<const std::vector<uint8_t>> owned;
+  std::shared_ptr<HeldRead> held;  // ReadData: the read it answers
   bool raw = false;  // tests: `owned` goes out as it is, no header
 };
 
@@ -214,15 +232,16 @@ class TcpLink::Impl {
 
   void SenderLoop(LinkChannel& ch);
   void SendFrame(LinkChannel& ch, const OutFrame& f, GpuLane& gpu);
-  void SendIov(LinkChannel& ch, iovec* iov, int count, bool abortable);
+  void SendIov(LinkChannel& ch, iovec* iov, int count, bool abortable, const Deadline* frame = nullptr);
   void Goodbye(LinkChannel& ch);
   void FrameDone(LinkChannel& ch, uint64_t seq);
   void Prepared();  // this channel thread's GPU setup is over (done, failed, or skipped by a stop)
   void ThreadEnded();
 
   void ReceiverLoop(LinkChannel& ch);
-  void RecvExact(LinkChannel& ch, void* data, size_t bytes, bool idle);
+  void RecvExact(LinkChannel& ch, void* data, size_t bytes, bool idle, const Deadline* frame = nullptr);
   void ReceiveInto(LinkChannel& ch, uint8_t* dst, bool device, uint64_t bytes, GpuLane& gpu);
+  void DrainLocked(std::unique_lock<std::mutex>& lock);
   void Dispatch(LinkChannel& ch, const FrameHeader& h, GpuLane& gpu);
   TcpTarget Resolve(const FrameHeader& h, uint64_t bytes) const;
   void WaitForEarlierWrites(const FrameHeader& h);
@@ -234,6 +253,8 @@ class TcpLink::Impl {
   void OnReadData(LinkChannel& ch, const FrameHeader& h, GpuLane& gpu);
   void OnAtomicResult(const FrameHeader& h);
   void QueueAck(LinkChannel& ch, uint64_t seq);
+  uint64_t Channel0AckLocked() const;
+  void ReplySent(HeldRead& read);
 
   // Issuing side (the one driving thread).
   uint64_t writeChunks_ = 0;  // Write chunks issued: chunk g goes to channel g % N
@@ -254,6 +275,11 @@ class TcpLink::Impl {
   std::mutex appliedMutex_;  // LinkChannel::appliedWrites
   std::condition_variable appliedCv_;
   size_t replyCursor_ = 0;  // channel 0's receiver deals read data round-robin
+
+  std::mutex heldMutex_;  // the reads answered whose data is not all sent, in order; channel 0's last frame
+  std::deque<std::shared_ptr<HeldRead>> held_;
+  uint64_t heldBytes_ = 0;
+  uint64_t applied0_ = 0;
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -274,6 +300,7 @@ TcpLink::Impl::Impl(const TcpLinkOptions& options, int rank, int peerRank, Estab
                          e.local.ToString().c_str(), e.peer.ToString().c_str());
     MORI_CHECK_SYS(setsockopt(ch->fd.Get(), SOL_SOCKET, SO_RCVTIMEO, &wake, sizeof(wake)));
     MORI_CHECK_SYS(setsockopt(ch->fd.Get(), SOL_SOCKET, SO_SNDTIMEO, &wake, sizeof(wake)));
+    net::DetectVanishedPeer(ch->fd.Get(), timeoutS_);  // an idle channel notices a partition too
     channels_.push_back(std::move(ch));
   }
   try {
@@ -429,18 +456,23 @@ void TcpLink::Impl::Read(void* dst, bool dstDevice, uint32_t srcKey, uint64_t sr
   if (bytes == 0) return;
   MORI_CHECK(dst != nullptr, ErrorCode::InvalidUsage, "%sRead of %llu bytes into a null destination",
              Prefix(nullptr).c_str(), static_cast<unsigned long long>(bytes));
-  OutFrame f;
-  f.header = MakeFrame(FrameType::ReadRequest);
-  f.header.key = srcKey;
-  f.header.offset = srcOffset;
-  f.header.before = writeChunks_;
-  f.header.arg0 = bytes;
-  f.header.id = nextId_++;
-  {
-    std::lock_guard<std::mutex> lock(stateMutex_);
-    reads_[f.header.id] = PendingRead{static_cast<uint8_t*>(dst), dstDevice, bytes, 0};
+  // A chunk per request: the peer holds a request's whole data until it is sent, and the window bounds how many
+  // requests are unacknowledged.
+  for (uint64_t off = 0; off < bytes; off += options_.chunkBytes) {
+    const uint64_t piece = std::min<uint64_t>(options_.chunkBytes, bytes - off);
+    OutFrame f;
+    f.header = MakeFrame(FrameType::ReadRequest);
+    f.header.key = srcKey;
+    f.header.offset = srcOffset + off;
+    f.header.before = writeChunks_;
+    f.header.arg0 = piece;
+    f.header.id = nextId_++;
+    {
+      std::lock_guard<std::mutex> lock(stateMutex_);
+      reads_[f.header.id] = PendingRead{static_cast<uint8_t*>(dst) + off, dstDevice, piece, 0};
+    }
+    Enqueue(*channels_[0], std::move(f), true);
   }
-  Enqueue(*channels_[0], std::move(f), true);
 }
 
 bool TcpLink::Impl::AllDoneLocked() const {
@@ -467,25 +499,43 @@ std::string TcpLink::Impl::OutstandingLocked() const {
   return s;
 }
 
+// A Flush that fails, by a failure of the link or by its own timeout (which fails the link: what is queued may
+// never complete), throws only once no channel thread touches the caller's memory any more, so that it may be
+// freed then.
 void TcpLink::Impl::Flush(int64_t timeoutUs) {
   const Deadline deadline =
       timeoutUs < 0 ? Deadline::After(timeoutS_) : Deadline::After(static_cast<double>(timeoutUs) * 1e-6);
   std::unique_lock<std::mutex> lock(stateMutex_);
   while (true) {
     bool done = AllDoneLocked();
-    // A peer that closed in order after everything was acknowledged leaves nothing incomplete. After a failure
-    // the channel threads stop at once; the error is thrown when none of them touches the caller's memory any
-    // more (it may be freed then).
+    // A peer that closed in order after everything was acknowledged leaves nothing incomplete.
     if (failed_ && !(done && failOrderly_)) {
-      if (running_ == 0 || deadline.Expired()) RethrowLocked();
+      DrainLocked(lock);
+      RethrowLocked();
     } else if (done) {
       return;
     }
     if (deadline.Expired()) {
-      throw TimeoutError(StrFormat("%sFlush waited %.3f s for the peer to acknowledge: %s", Prefix(nullptr).c_str(),
-                                   deadline.TotalSeconds(), OutstandingLocked().c_str()));
+      const std::string what =
+          StrFormat("Flush waited %.3f s for the peer to acknowledge: %s; the link is failed and its queued work "
+                    "dropped", deadline.TotalSeconds(), OutstandingLocked().c_str());
+      lock.unlock();
+      Fail(nullptr, ErrorCode::Timeout, what, false);
+      lock.lock();
+      continue;  // the failure (this one, or one that came first) is thrown once the threads are out
     }
     stateCv_.wait_for(lock, std::chrono::milliseconds(std::max(1, std::min(deadline.RemainingMs(), 100))));
+  }
+}
+
+// Waits, after a failure, until no channel thread runs. They stop within a wake-up period of the failure, or
+// after the GPU copy or socket call they are in, each bounded by MORI_TIMEOUT_S; so does this wait.
+void TcpLink::Impl::DrainLocked(std::unique_lock<std::mutex>& lock) {
+  const Deadline drain = Deadline::After(timeoutS_ + 2 * kWakeMs / 1000.0);
+  while (running_ > 0 && !drain.Expired()) stateCv_.wait_for(lock, std::chrono::milliseconds(kWakeMs));
+  if (running_ > 0) {
+    MORI_LOG_ERROR(Net, "%s%d channel thread(s) still run %.0f s after the link failed: memory they may touch must "
+                        "not be freed yet", Prefix(nullptr).c_str(), running_, drain.TotalSeconds());
   }
 }
 
@@ -534,6 +584,7 @@ void TcpLink::Impl::SenderLoop(LinkChannel& ch) {
       }
       SendFrame(ch, f, gpu);
       if (IsOrderedFrame(f.header.type)) FrameDone(ch, f.header.seq);
+      if (f.held) ReplySent(*f.held);
     }
   } catch (const Stopped&) {
   } catch (const Error& e) {
@@ -571,8 +622,12 @@ void TcpLink::Impl::ThreadEnded() {
   stateCv_.notify_all();
 }
 
-void TcpLink::Impl::SendIov(LinkChannel& ch, iovec* iov, int count, bool abortable) {
-  Deadline deadline = Deadline::After(abortable ? timeoutS_ : kGoodbyeSeconds);
+// Sends the whole iovec, bounded by `frame` (the deadline of the frame it is part of) or else by one of its own:
+// a bound on the transfer, not on silence, so a peer that reads a byte now and then cannot hold the caller's
+// memory longer than MORI_TIMEOUT_S.
+void TcpLink::Impl::SendIov(LinkChannel& ch, iovec* iov, int count, bool abortable, const Deadline* frame) {
+  const Deadline own = Deadline::After(abortable ? timeoutS_ : kGoodbyeSeconds);
+  const Deadline& deadline = frame != nullptr ? *frame : own;
   bool started = false;
   while (count > 0) {
     msghdr msg{};
@@ -587,33 +642,32 @@ void TcpLink::Impl::SendIov(LinkChannel& ch, iovec* iov, int count, bool abortab
         ++iov;
         --count;
       }
-      if (count > 0) {
-        iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + left;
-        iov->iov_len -= left;
+      if (count == 0) break;
+      iov->iov_base = static_cast<uint8_t*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    } else {
+      int err = n < 0 ? errno : EAGAIN;
+      if (err != EAGAIN && err != EWOULDBLOCK && err != EINTR) {
+        ch.streamBroken = true;
+        if (err == EPIPE || err == ECONNRESET) {
+          throw Error(ErrorCode::RemoteFailure,
+                      StrFormat("rank %d closed or reset the connection while data was being sent (process gone?)",
+                                peerRank_));
+        }
+        throw SysError(err, StrFormat("sending to rank %d failed: %s", peerRank_, ErrnoString(err).c_str()));
       }
-      if (abortable) deadline = Deadline::After(timeoutS_);  // the bound is on silence, not on the whole frame
-      continue;
     }
-    int err = n < 0 ? errno : EAGAIN;
-    if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
-      if (abortable && (stopping_ || failed_)) {
-        ch.streamBroken = started;
-        throw Stopped{};
-      }
-      if (deadline.Expired()) {
-        ch.streamBroken = started;
-        throw TimeoutError(StrFormat("sending to rank %d made no progress for %.0f s (is it alive and reading?)",
-                                     peerRank_, deadline.TotalSeconds()));
-      }
-      continue;
+    // More to send (the socket took part of it, or nothing within its timeout): checked after progress too, so a
+    // peer that reads a little within every socket timeout cannot stretch the frame past its deadline.
+    if (abortable && (stopping_ || failed_)) {
+      ch.streamBroken = started;
+      throw Stopped{};
     }
-    ch.streamBroken = true;
-    if (err == EPIPE || err == ECONNRESET) {
-      throw Error(
-          ErrorCode::RemoteFailure,
-          StrFormat("rank %d closed or reset the connection while data was being sent (process gone?)", peerRank_));
+    if (deadline.Expired()) {
+      ch.streamBroken = started;
+      throw TimeoutError(StrFormat("sending a frame to rank %d took longer than %.0f s (is it alive and reading?)",
+                                   peerRank_, deadline.TotalSeconds()));
     }
-    throw SysError(err, StrFormat("sending to rank %d failed: %s", peerRank_, ErrnoString(err).c_str()));
   }
 }
 
@@ -631,8 +685,9 @@ void TcpLink::Impl::SendFrame(LinkChannel& ch, const OutFrame& f, GpuLane& gpu) 
   } else {
     // Device memory goes through the channel's pinned bounce buffer, a piece at a time.
     auto* bounce = Bounce(ch.sendBounce, gpu).DataAs<uint8_t>();
+    const Deadline frame = Deadline::After(timeoutS_);
     iovec head{&h, sizeof(h)};
-    SendIov(ch, &head, 1, true);
+    SendIov(ch, &head, 1, true, &frame);
     for (uint64_t off = 0; off < length;) {
       size_t piece = static_cast<size_t>(std::min<uint64_t>(ch.sendBounce->Bytes(), length - off));
       try {
@@ -642,7 +697,7 @@ void TcpLink::Impl::SendFrame(LinkChannel& ch, const OutFrame& f, GpuLane& gpu) 
         throw;
       }
       iovec iov{bounce, piece};
-      SendIov(ch, &iov, 1, true);
+      SendIov(ch, &iov, 1, true, &frame);
       off += piece;
     }
   }
@@ -706,15 +761,26 @@ void TcpLink::Impl::ReceiverLoop(LinkChannel& ch) {
   ThreadEnded();
 }
 
-void TcpLink::Impl::RecvExact(LinkChannel& ch, void* data, size_t bytes, bool idle) {
+// Receives exactly `bytes`, bounded by `frame` (the deadline of the frame they belong to) or else by one of
+// its own, started with the call or, for an `idle` wait (a header, which may be long in coming), with its first
+// byte. The bound is on the transfer, not on silence: a peer that trickles a byte now and then cannot hold a
+// target (and its deregistration) longer than MORI_TIMEOUT_S.
+void TcpLink::Impl::RecvExact(LinkChannel& ch, void* data, size_t bytes, bool idle, const Deadline* frame) {
   auto* p = static_cast<uint8_t*>(data);
   size_t got = 0;
-  Deadline deadline = Deadline::After(timeoutS_);
+  Deadline own = Deadline::After(timeoutS_);
+  const Deadline& deadline = frame != nullptr ? *frame : own;
+  const auto tooSlow = [&] {
+    return TimeoutError(StrFormat("rank %d sent %zu of %zu bytes of a frame in %.0f s (too slow, or gone)", peerRank_,
+                                  got, bytes, deadline.TotalSeconds()));
+  };
   while (got < bytes) {
     ssize_t n = recv(ch.fd.Get(), p + got, bytes - got, MSG_WAITALL);
     if (n > 0) {
+      if (idle && got == 0 && frame == nullptr) own = Deadline::After(timeoutS_);
       got += static_cast<size_t>(n);
-      deadline = Deadline::After(timeoutS_);
+      // Checked after progress too: a byte within every socket timeout must not keep the transfer going.
+      if (got < bytes && deadline.Expired()) throw tooSlow();
       continue;
     }
     if (n == 0) {
@@ -731,10 +797,7 @@ void TcpLink::Impl::RecvExact(LinkChannel& ch, void* data, size_t bytes, bool id
     if (err == EAGAIN || err == EWOULDBLOCK || err == EINTR) {
       if (stopping_ || failed_) throw Stopped{};
       if (idle && got == 0) continue;  // an idle connection may stay idle
-      if (deadline.Expired()) {
-        throw TimeoutError(StrFormat("rank %d sent %zu of %zu bytes of a frame and then nothing for %.0f s", peerRank_,
-                                     got, bytes, deadline.TotalSeconds()));
-      }
+      if (deadline.Expired()) throw tooSlow();
       continue;
     }
     if (stopping_ || failed_) throw Stopped{};
@@ -746,13 +809,14 @@ void TcpLink::Impl::RecvExact(LinkChannel& ch, void* data, size_t bytes, bool id
 }
 
 void TcpLink::Impl::ReceiveInto(LinkChannel& ch, uint8_t* dst, bool device, uint64_t bytes, GpuLane& gpu) {
+  const Deadline frame = Deadline::After(timeoutS_);  // one bound for the whole payload, however it is cut
   if (!device) {
-    RecvExact(ch, dst, bytes, false);
+    RecvExact(ch, dst, bytes, false, &frame);
   } else {
     auto* bounce = Bounce(ch.recvBounce, gpu).DataAs<uint8_t>();
     for (uint64_t off = 0; off < bytes;) {
       size_t piece = static_cast<size_t>(std::min<uint64_t>(ch.recvBounce->Bytes(), bytes - off));
-      RecvExact(ch, bounce, piece, false);
+      RecvExact(ch, bounce, piece, false, &frame);
       gpu.Copy(dst + off, bounce, piece);
       off += piece;
     }
@@ -818,13 +882,42 @@ void TcpLink::Impl::Dispatch(LinkChannel& ch, const FrameHeader& h, GpuLane& gpu
       MORI_THROW(ErrorCode::Protocol, "%s frame from rank %d after setup", FrameTypeName(h.type), peerRank_);
   }
   ch.recvSeq = h.seq;
-  QueueAck(ch, h.seq);
+  if (ch.index != 0) {
+    QueueAck(ch, h.seq);
+    return;
+  }
+  uint64_t ack;
+  {
+    std::lock_guard<std::mutex> lock(heldMutex_);
+    applied0_ = h.seq;
+    ack = Channel0AckLocked();
+  }
+  QueueAck(ch, ack);
+}
+
+// Channel 0 acknowledges its frames up to the first read whose data is not all sent.
+uint64_t TcpLink::Impl::Channel0AckLocked() const {
+  return held_.empty() ? applied0_ : std::min(applied0_, held_.front()->seq - 1);
+}
+
+void TcpLink::Impl::ReplySent(HeldRead& read) {
+  if (read.framesLeft.fetch_sub(1) != 1) return;
+  uint64_t ack;
+  {
+    std::lock_guard<std::mutex> lock(heldMutex_);
+    while (!held_.empty() && held_.front()->framesLeft.load() == 0) {
+      heldBytes_ -= held_.front()->bytes;
+      held_.pop_front();
+    }
+    ack = Channel0AckLocked();
+  }
+  QueueAck(*channels_[0], ack);
 }
 
 void TcpLink::Impl::QueueAck(LinkChannel& ch, uint64_t seq) {
   {
     std::lock_guard<std::mutex> lock(ch.mutex);
-    ch.ackSeq = seq;
+    ch.ackSeq = std::max(ch.ackSeq, seq);  // channel 0's receiver and senders both acknowledge: never backwards
     ch.ackPending = true;
   }
   ch.cv.notify_one();
@@ -925,6 +1018,20 @@ GpuBuffer& TcpLink::Impl::Bounce(std::unique_ptr<GpuBuffer>& bounce, GpuLane& gp
 void TcpLink::Impl::ApplyRead(LinkChannel& ch, const FrameHeader& h, GpuLane& gpu) {
   const uint64_t bytes = h.arg0;
   WaitForEarlierWrites(h);
+  auto held = std::make_shared<HeldRead>();
+  held->seq = h.seq;
+  held->bytes = bytes;
+  held->framesLeft = (bytes + options_.chunkBytes - 1) / options_.chunkBytes;
+  {
+    std::lock_guard<std::mutex> lock(heldMutex_);
+    MORI_CHECK(heldBytes_ + bytes <= kMaxHeldReadBytes, ErrorCode::Protocol,
+               "ReadRequest from rank %d for %llu bytes while %llu bytes it asked for are not sent yet: more than the "
+               "%llu a connection holds (the peer does not keep to its window); nothing read",
+               peerRank_, static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(heldBytes_),
+               static_cast<unsigned long long>(kMaxHeldReadBytes));
+    heldBytes_ += bytes;
+    held_.push_back(held);
+  }
   TcpTarget t = Resolve(h, bytes);
   // Copied now, at the request's place in the order, not when the replies go out.
   auto data = std::make_shared<std::vector<uint8_t>>(bytes);
@@ -948,6 +1055,7 @@ void TcpLink::Impl::ApplyRead(LinkChannel& ch, const FrameHeader& h, GpuLane& gp
     r.header.length = static_cast<uint32_t>(std::min<uint64_t>(options_.chunkBytes, bytes - off));
     r.payload = data->data() + off;
     r.owned = data;
+    r.held = held;
     Enqueue(*channels_[replyCursor_++ % channels_.size()], std::move(r), false);
   }
 }

@@ -141,6 +141,10 @@ std::string CheckFrame(const FrameHeader& h) {
       break;
     case FrameType::ReadRequest:
       if (h.arg0 == 0) return "ReadRequest of 0 bytes";
+      if (h.arg0 > kMaxChunkBytes) {
+        return StrFormat("ReadRequest of %llu bytes, beyond a chunk (%llu: reads go out a chunk at a time)",
+                         static_cast<unsigned long long>(h.arg0), static_cast<unsigned long long>(kMaxChunkBytes));
+      }
       if (h.length != 0) return StrFormat("ReadRequest frame carries %u payload bytes, expected none", h.length);
       break;
     default:
