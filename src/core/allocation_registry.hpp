@@ -2,6 +2,8 @@
 // buffer, the allocator of a device buffer).
 #pragma once
 
+#include <fcntl.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -19,6 +21,10 @@ enum class AllocatorKind : int {
 };
 
 const char* AllocatorName(AllocatorKind kind);
+
+// The seals of a HostMemfd allocation: its size fixed (a peer that shrank it would SIGBUS every mapper) and
+// no seal added or removed later. Writes stay allowed, they are the point.
+constexpr int kMemfdSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 struct Record {
   uintptr_t base;

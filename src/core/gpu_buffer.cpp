@@ -1,5 +1,6 @@
 #include "mori/core/gpu_buffer.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -81,11 +82,14 @@ using alloc::AllocatorKind;
 void* AllocateMemfd(size_t bytes, size_t* allocationBytes, int* fdOut) {
   size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   size_t rounded = (bytes + page - 1) / page * page;
-  UniqueFd fd(memfd_create("mori-gpubuffer", MFD_CLOEXEC));
+  UniqueFd fd(memfd_create("mori-gpubuffer", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   MORI_CHECK_SYS(fd.Get());
   if (ftruncate(fd.Get(), static_cast<off_t>(rounded)) < 0) {
     MORI_THROW_SYS(errno, "sizing a %zu-byte memfd", rounded);
   }
+  // Same-host peers map this descriptor: from here on its size cannot change (IpcMemoryMapping::Import
+  // refuses a memfd without these seals).
+  if (fcntl(fd.Get(), F_ADD_SEALS, alloc::kMemfdSeals) < 0) MORI_THROW_SYS(errno, "sealing a %zu-byte memfd", rounded);
   void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_SHARED, fd.Get(), 0);
   if (p == MAP_FAILED) MORI_THROW_SYS(errno, "mapping a %zu-byte memfd", rounded);
   *allocationBytes = rounded;

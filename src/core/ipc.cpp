@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -20,7 +21,7 @@ namespace mori::core {
 namespace {
 
 constexpr uint32_t kIpcMagic = 0x49524f4dU;  // "MORI"
-constexpr uint32_t kIpcVersion = 1;
+constexpr uint32_t kIpcVersion = 2;
 
 struct IpcHeader {
   uint32_t magic;
@@ -29,8 +30,12 @@ struct IpcHeader {
   int32_t srcRank;
   uint32_t payloadBytes;
   uint64_t tag;
+  // What the sender believes it is. The kernel's word (SCM_CREDENTIALS) decides; a claim that differs from
+  // it tells the receiver the two see pids through different namespaces, which its refusal then says.
+  int32_t srcPid;
+  uint32_t srcUid;
 };
-static_assert(sizeof(IpcHeader) == 32, "IpcHeader travels as bytes");
+static_assert(sizeof(IpcHeader) == 40, "IpcHeader travels as bytes");
 
 sockaddr_un AbstractAddress(uint64_t jobId, int rank, socklen_t* len) {
   sockaddr_un addr;
@@ -50,6 +55,9 @@ class FdChannel::Impl {
   Impl(uint64_t jobId, int rank) : jobId_(jobId), rank_(rank) {
     fd_.Reset(socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     MORI_CHECK_SYS(fd_.Get());
+    // Before bind, so that no datagram can reach the socket without the kernel's word on its sender.
+    int on = 1;
+    MORI_CHECK_SYS(setsockopt(fd_.Get(), SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)));
     socklen_t len;
     sockaddr_un addr = AbstractAddress(jobId_, rank_, &len);
     if (bind(fd_.Get(), reinterpret_cast<sockaddr*>(&addr), len) < 0) {
@@ -57,10 +65,19 @@ class FdChannel::Impl {
     }
   }
 
+  void SetRankPids(std::vector<pid_t> rankPids) {
+    MORI_CHECK(rank_ >= 0 && static_cast<size_t>(rank_) < rankPids.size() && rankPids[rank_] == getpid(),
+               ErrorCode::InvalidUsage, "FdChannel of rank %d: %zu rank pids given, and rank %d's must be %d", rank_,
+               rankPids.size(), rank_, static_cast<int>(getpid()));
+    rankPids_ = std::move(rankPids);
+    lastRefusal_.assign(rankPids_.size(), std::string());
+  }
+
   void Send(int peer, uint64_t tag, int fd, const void* payload, size_t bytes, const Deadline& deadline) {
     MORI_CHECK(bytes <= kMaxPayload, ErrorCode::InvalidUsage, "FdChannel: payload of %zu bytes exceeds %zu", bytes,
                kMaxPayload);
-    IpcHeader h{kIpcMagic, kIpcVersion, jobId_, rank_, static_cast<uint32_t>(bytes), tag};
+    IpcHeader h{kIpcMagic, kIpcVersion, jobId_, rank_, static_cast<uint32_t>(bytes), tag,
+                static_cast<int32_t>(getpid()), static_cast<uint32_t>(getuid())};
     iovec iov[2] = {{&h, sizeof(h)}, {const_cast<void*>(payload), bytes}};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
     std::memset(control, 0, sizeof(control));
@@ -100,23 +117,29 @@ class FdChannel::Impl {
     }
   }
 
-  UniqueFd Recv(int peer, uint64_t tag, void* payload, size_t bytes, const Deadline& deadline) {
+  UniqueFd Recv(int peer, uint64_t tag, void* payload, size_t bytes, const Deadline& deadline, IpcSender* sender) {
     std::lock_guard<std::mutex> lock(mutex_);
     while (true) {
       for (auto it = stash_.begin(); it != stash_.end(); ++it) {
-        if (it->src != peer || it->tag != tag) continue;
+        if (it->sender.rank != peer || it->tag != tag) continue;
         MORI_CHECK(it->payload.size() == bytes, ErrorCode::InvalidUsage,
                    "rank %d: rank %d sent a %zu-byte descriptor message (tag %llu) where %zu bytes were expected",
                    rank_, peer, it->payload.size(), static_cast<unsigned long long>(tag), bytes);
         if (bytes > 0) std::memcpy(payload, it->payload.data(), bytes);
+        if (sender != nullptr) *sender = it->sender;
         UniqueFd fd = std::move(it->fd);
         stash_.erase(it);
         return fd;
       }
       if (deadline.Expired()) {
+        std::string refused;
+        if (peer >= 0 && static_cast<size_t>(peer) < lastRefusal_.size() && !lastRefusal_[peer].empty()) {
+          refused = "; a message that claimed to come from it was refused: " + lastRefusal_[peer];
+        }
         throw TimeoutError(StrFormat("rank %d waited %.0f s for a descriptor (tag %llu) from rank %d, which never "
-                                     "came",
-                                     rank_, deadline.TotalSeconds(), static_cast<unsigned long long>(tag), peer));
+                                     "came%s",
+                                     rank_, deadline.TotalSeconds(), static_cast<unsigned long long>(tag), peer,
+                                     refused.c_str()));
       }
       pollfd pfd{fd_.Get(), POLLIN, 0};
       int n = poll(&pfd, 1, std::min(deadline.RemainingMs(), 100));
@@ -126,21 +149,63 @@ class FdChannel::Impl {
 
   uint64_t JobId() const { return jobId_; }
   int Rank() const { return rank_; }
+  pid_t RankPid(int rank) const {
+    MORI_CHECK(rank >= 0 && static_cast<size_t>(rank) < rankPids_.size(), ErrorCode::InvalidUsage,
+               "FdChannel: rank %d outside the job's %zu ranks", rank, rankPids_.size());
+    return rankPids_[rank];
+  }
 
  private:
   struct Message {
-    int src;
+    IpcSender sender;
     uint64_t tag;
     std::vector<uint8_t> payload;
     UniqueFd fd;
   };
 
+  // Why a datagram is not a well-formed message of this job; empty when it is.
+  std::string MalformedReason(const IpcHeader& h, size_t n, size_t fdCount, int flags) const {
+    if (n < sizeof(h)) return StrFormat("a %zu-byte datagram, shorter than a header", n);
+    if (h.magic != kIpcMagic || h.version != kIpcVersion) {
+      return StrFormat("bad magic 0x%08x or version %u", h.magic, h.version);
+    }
+    if (h.jobId != jobId_) return "another job's message";
+    if (h.payloadBytes != n - sizeof(h)) {
+      return StrFormat("payload length %u but %zu bytes came", h.payloadBytes, n - sizeof(h));
+    }
+    if (fdCount > 1 || (flags & (MSG_TRUNC | MSG_CTRUNC))) return "truncated message or more than one descriptor";
+    return "";
+  }
+
+  // Why the kernel's word on the sender does not make it the rank the message names; empty when it does.
+  std::string RefusalReason(const IpcHeader& h, const ucred* cred) const {
+    if (cred == nullptr) return "no sender credentials came with it";
+    if (cred->uid != getuid()) {
+      return StrFormat("the sender runs as uid %u, this job as uid %u", static_cast<unsigned>(cred->uid),
+                       static_cast<unsigned>(getuid()));
+    }
+    if (h.srcPid != cred->pid || h.srcUid != cred->uid) {
+      return StrFormat("it claims pid %d uid %u, the kernel reports pid %d uid %u (ranks of one host must share a "
+                       "pid namespace)",
+                       h.srcPid, h.srcUid, static_cast<int>(cred->pid), static_cast<unsigned>(cred->uid));
+    }
+    if (h.srcRank < 0 || static_cast<size_t>(h.srcRank) >= rankPids_.size()) {
+      return StrFormat("it names rank %d, outside the job's %zu ranks", h.srcRank, rankPids_.size());
+    }
+    if (cred->pid != rankPids_[h.srcRank]) {
+      return StrFormat("it claims to be rank %d, whose pid is %d", h.srcRank, static_cast<int>(rankPids_[h.srcRank]));
+    }
+    return "";
+  }
+
   void Drain() {
     while (true) {
-      IpcHeader h;
+      IpcHeader h{};
       std::vector<uint8_t> payload(kMaxPayload);
       iovec iov[2] = {{&h, sizeof(h)}, {payload.data(), payload.size()}};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+      // Room for the credentials and a few descriptors. More descriptors than fit set MSG_CTRUNC (a malformed
+      // message), and the kernel closes those it could not pass on.
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(ucred)) + CMSG_SPACE(sizeof(int) * 4)];
       msghdr msg;
       std::memset(&msg, 0, sizeof(msg));
       msg.msg_iov = iov;
@@ -152,35 +217,47 @@ class FdChannel::Impl {
         if (errno == EINTR) continue;
         return;
       }
-      // Take ownership of every descriptor that came, whatever else is wrong with the message.
+      // Take ownership of every descriptor that came, whatever else is wrong with the message: a message
+      // dropped below closes them as it goes.
       std::vector<UniqueFd> fds;
+      ucred cred{};
+      bool haveCred = false;
       for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < count; ++i) {
-          int fd;
-          std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          fds.emplace_back(fd);
+        if (c->cmsg_level != SOL_SOCKET) continue;
+        if (c->cmsg_type == SCM_RIGHTS) {
+          size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          for (size_t i = 0; i < count; ++i) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            fds.emplace_back(fd);
+          }
+        } else if (c->cmsg_type == SCM_CREDENTIALS && c->cmsg_len >= CMSG_LEN(sizeof(ucred))) {
+          std::memcpy(&cred, CMSG_DATA(c), sizeof(cred));
+          haveCred = true;
         }
       }
-      std::string bad;
-      if (static_cast<size_t>(n) < sizeof(h)) {
-        bad = StrFormat("a %zd-byte datagram, shorter than a header", n);
-      } else if (h.magic != kIpcMagic || h.version != kIpcVersion) {
-        bad = StrFormat("bad magic 0x%08x or version %u", h.magic, h.version);
-      } else if (h.jobId != jobId_) {
-        bad = "another job's message";
-      } else if (h.payloadBytes != static_cast<size_t>(n) - sizeof(h)) {
-        bad = StrFormat("payload length %u but %zu bytes came", h.payloadBytes, static_cast<size_t>(n) - sizeof(h));
-      } else if (fds.size() > 1 || (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-        bad = "truncated message or more than one descriptor";
-      }
+      const std::string from = haveCred ? StrFormat("pid %d (uid %u)", static_cast<int>(cred.pid),
+                                                    static_cast<unsigned>(cred.uid))
+                                        : std::string("an unknown sender");
+      const char* closed = fds.empty() ? "" : "; the descriptor that came with it is closed";
+      std::string bad = MalformedReason(h, static_cast<size_t>(n), fds.size(), msg.msg_flags);
       if (!bad.empty()) {
-        MORI_LOG_WARN(Ipc, "rank %d dropped a malformed IPC message: %s", rank_, bad.c_str());
+        MORI_LOG_WARN(Ipc, "rank %d dropped a malformed IPC message from %s: %s%s", rank_, from.c_str(), bad.c_str(),
+                      closed);
+        continue;
+      }
+      std::string refused = RefusalReason(h, haveCred ? &cred : nullptr);
+      if (!refused.empty()) {
+        MORI_LOG_WARN(Ipc, "rank %d refused an IPC message (tag %llu) from %s: %s%s", rank_,
+                      static_cast<unsigned long long>(h.tag), from.c_str(), refused.c_str(), closed);
+        if (h.srcRank >= 0 && static_cast<size_t>(h.srcRank) < lastRefusal_.size()) {
+          lastRefusal_[h.srcRank] = "from " + from + ": " + refused;
+        }
         continue;
       }
       payload.resize(h.payloadBytes);
-      stash_.push_back(Message{h.srcRank, h.tag, std::move(payload), fds.empty() ? UniqueFd() : std::move(fds[0])});
+      stash_.push_back(Message{IpcSender{h.srcRank, cred.pid, cred.uid}, h.tag, std::move(payload),
+                               fds.empty() ? UniqueFd() : std::move(fds[0])});
     }
   }
 
@@ -188,6 +265,8 @@ class FdChannel::Impl {
   UniqueFd fd_;
   uint64_t jobId_;
   int rank_;
+  std::vector<pid_t> rankPids_;          // fixed once constructed
+  std::vector<std::string> lastRefusal_;  // per rank the refused message claimed, for Recv's timeout
   std::vector<Message> stash_;
 };
 
@@ -207,9 +286,16 @@ uint64_t AgreeJobId(Bootstrap& bootstrap) {
 }  // namespace
 
 FdChannel::FdChannel(Bootstrap& bootstrap)
-    : impl_(std::make_unique<Impl>(AgreeJobId(bootstrap), bootstrap.GetRank())) {}
+    : impl_(std::make_unique<Impl>(AgreeJobId(bootstrap), bootstrap.GetRank())) {
+  // Every rank has bound its name before it joins this all-gather, so once it returns no stranger can bind
+  // one of them first and receive what is sent to that rank.
+  impl_->SetRankPids(bootstrap.AllGatherValue<pid_t>(getpid()));
+}
 
-FdChannel::FdChannel(uint64_t jobId, int rank) : impl_(std::make_unique<Impl>(jobId, rank)) {}
+FdChannel::FdChannel(uint64_t jobId, int rank, std::vector<pid_t> rankPids)
+    : impl_(std::make_unique<Impl>(jobId, rank)) {
+  impl_->SetRankPids(std::move(rankPids));
+}
 
 FdChannel::~FdChannel() = default;
 
@@ -221,15 +307,17 @@ void FdChannel::Send(int peer, uint64_t tag, int fd, const void* payload, size_t
   impl_->Send(peer, tag, fd, payload, bytes, Deadline::Default());
 }
 
-UniqueFd FdChannel::Recv(int peer, uint64_t tag, void* payload, size_t bytes, const Deadline& deadline) {
-  return impl_->Recv(peer, tag, payload, bytes, deadline);
+UniqueFd FdChannel::Recv(int peer, uint64_t tag, void* payload, size_t bytes, const Deadline& deadline,
+                         IpcSender* sender) {
+  return impl_->Recv(peer, tag, payload, bytes, deadline, sender);
 }
 
 UniqueFd FdChannel::Recv(int peer, uint64_t tag, void* payload, size_t bytes) {
-  return impl_->Recv(peer, tag, payload, bytes, Deadline::Default());
+  return impl_->Recv(peer, tag, payload, bytes, Deadline::Default(), nullptr);
 }
 
 uint64_t FdChannel::JobId() const { return impl_->JobId(); }
 int FdChannel::Rank() const { return impl_->Rank(); }
+pid_t FdChannel::RankPid(int rank) const { return impl_->RankPid(rank); }
 
 }  // namespace mori::core

@@ -35,6 +35,22 @@ IpcMemoryHandle NewHandle(IpcMemoryKind kind, int device, uint64_t allocationByt
   return h;
 }
 
+#if MORI_BACKEND_GPU
+// A legacy IPC handle opens, at `opened`, the allocation it was made for: [offset, offset + bytes) from
+// there must lie inside what the runtime reports for the allocation that holds `opened`.
+void CheckLegacyRange(const IpcMemoryHandle& h, uintptr_t opened, uintptr_t realBase, size_t realBytes) {
+  bool inside = opened >= realBase && opened - realBase < realBytes;
+  uint64_t room = inside ? realBytes - (opened - realBase) : 0;
+  MORI_CHECK(inside && h.offset <= room && h.bytes <= room - h.offset, ErrorCode::Protocol,
+             "%s of rank %d (pid %llu) claims [%llu, +%llu) of a %llu-byte allocation, but what it opened at %p lies "
+             "in an allocation of %zu bytes at %p",
+             IpcMemoryKindName(static_cast<IpcMemoryKind>(h.kind)), h.ownerRank,
+             static_cast<unsigned long long>(h.ownerPid), static_cast<unsigned long long>(h.offset),
+             static_cast<unsigned long long>(h.bytes), static_cast<unsigned long long>(h.allocationBytes),
+             reinterpret_cast<void*>(opened), realBytes, reinterpret_cast<void*>(realBase));
+}
+#endif
+
 bool KindCarriesFd(uint32_t kind) {
   return kind == static_cast<uint32_t>(IpcMemoryKind::HostMemfd) || kind == static_cast<uint32_t>(IpcMemoryKind::CudaVmm);
 }
@@ -129,6 +145,18 @@ std::unique_ptr<IpcMemoryMapping> IpcMemoryMapping::Import(const IpcMemoryHandle
   switch (static_cast<IpcMemoryKind>(h.kind)) {
 #if MORI_BACKEND_HOST
     case IpcMemoryKind::HostMemfd: {
+      // Seals before size: once the size is sealed, what fstat reports holds for as long as the mapping.
+      int seals = fcntl(fd.Get(), F_GET_SEALS);
+      if (seals < 0) {
+        int err = errno;
+        MORI_THROW(ErrorCode::Protocol, "the descriptor from rank %d (pid %llu) is not a sealable memfd: %s",
+                   h.ownerRank, static_cast<unsigned long long>(h.ownerPid), ErrnoString(err).c_str());
+      }
+      MORI_CHECK((seals & alloc::kMemfdSeals) == alloc::kMemfdSeals, ErrorCode::Protocol,
+                 "memfd from rank %d (pid %llu) is not sealed against resizing (seals 0x%x, 0x%x needed): its "
+                 "owner could shrink it under this mapping",
+                 h.ownerRank, static_cast<unsigned long long>(h.ownerPid), static_cast<unsigned>(seals),
+                 static_cast<unsigned>(alloc::kMemfdSeals));
       struct stat st;
       MORI_CHECK_SYS(fstat(fd.Get(), &st));
       MORI_CHECK(static_cast<uint64_t>(st.st_size) >= h.allocationBytes, ErrorCode::Protocol,
@@ -179,6 +207,13 @@ std::unique_ptr<IpcMemoryMapping> IpcMemoryMapping::Import(const IpcMemoryHandle
       cudaIpcMemHandle_t legacy;
       std::memcpy(&legacy, h.legacyHandle, sizeof(legacy));
       MORI_CHECK_GPU(cudaIpcOpenMemHandle(&m->base_, legacy, cudaIpcMemLazyEnablePeerAccess));
+      // The handle's sizes are only the sender's word; the driver knows the allocation that was opened (m
+      // closes it again if this throws).
+      CUdeviceptr realBase = 0;
+      size_t realBytes = 0;
+      MORI_CHECK_CU(cuda::Driver::Get().memGetAddressRange(&realBase, &realBytes,
+                                                           reinterpret_cast<CUdeviceptr>(m->base_)));
+      CheckLegacyRange(h, reinterpret_cast<uintptr_t>(m->base_), realBase, realBytes);
       break;
     }
 #else
@@ -186,6 +221,12 @@ std::unique_ptr<IpcMemoryMapping> IpcMemoryMapping::Import(const IpcMemoryHandle
       hipIpcMemHandle_t legacy;
       std::memcpy(&legacy, h.legacyHandle, sizeof(legacy));
       MORI_CHECK_GPU(hipIpcOpenMemHandle(&m->base_, legacy, hipIpcMemLazyEnablePeerAccess));
+      // The handle's sizes are only the sender's word; the runtime knows the allocation that was opened (m
+      // closes it again if this throws).
+      hipDeviceptr_t realBase = nullptr;
+      size_t realBytes = 0;
+      MORI_CHECK_GPU(hipMemGetAddressRange(&realBase, &realBytes, static_cast<hipDeviceptr_t>(m->base_)));
+      CheckLegacyRange(h, reinterpret_cast<uintptr_t>(m->base_), reinterpret_cast<uintptr_t>(realBase), realBytes);
       break;
     }
 #endif
@@ -242,9 +283,15 @@ std::vector<std::shared_ptr<IpcMemoryMapping>> ExchangeIpcMemory(Bootstrap& boot
   for (int peer : topology.localRanks) {
     if (peer == topology.rank) continue;
     IpcMemoryHandle theirs;
-    UniqueFd theirFd = channel.Recv(peer, tag, &theirs, sizeof(theirs));
-    MORI_CHECK(theirs.ownerRank == peer, ErrorCode::Protocol, "rank %d's memory handle names rank %d as its owner", peer,
-               theirs.ownerRank);
+    IpcSender sender;
+    UniqueFd theirFd = channel.Recv(peer, tag, &theirs, sizeof(theirs), Deadline::Default(), &sender);
+    // The channel took the message only from the process of rank `peer` (its kernel-reported pid); the handle
+    // must name that same process as the memory's owner.
+    MORI_CHECK(theirs.ownerRank == sender.rank && theirs.ownerPid == static_cast<uint64_t>(sender.pid),
+               ErrorCode::Protocol,
+               "rank %d's memory handle names rank %d (pid %llu) as its owner, but it came from pid %d (uid %u)", peer,
+               theirs.ownerRank, static_cast<unsigned long long>(theirs.ownerPid), static_cast<int>(sender.pid),
+               static_cast<unsigned>(sender.uid));
     mapped[static_cast<size_t>(peer)] = IpcMemoryMapping::Import(theirs, std::move(theirFd));
   }
   return mapped;

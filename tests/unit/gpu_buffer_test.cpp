@@ -1,6 +1,9 @@
 // GpuBuffer allocation on the backend in use, export of ranges for IPC, and the validation of handles.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -129,6 +132,87 @@ TEST_F(GpuBufferTest, MalformedHandlesAreRefusedWithoutMapping) {
   h.kind = 99;
   expectProtocolError(h, needsFd, "unknown kind");
   if (needsFd) expectProtocolError(good, false, "descriptor missing");
+}
+
+// Import of `fd` under `h`, expected to fail with a Protocol error whose message holds `cause`.
+void ExpectImportRefused(const IpcMemoryHandle& h, UniqueFd fd, const std::string& cause, const char* what) {
+  try {
+    IpcMemoryMapping::Import(h, std::move(fd));
+    ADD_FAILURE() << what << ": imported";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.Code(), ErrorCode::Protocol) << what << ": " << e.what();
+    EXPECT_NE(std::string(e.what()).find(cause), std::string::npos) << what << ": " << e.what();
+  }
+}
+
+// A memfd of `bytes` holding rank 2's pattern, with `seals` added (0: none; -1: sealing not allowed at all).
+UniqueFd PatternMemfd(size_t bytes, int seals) {
+  UniqueFd fd(memfd_create("mori-test", MFD_CLOEXEC | (seals >= 0 ? MFD_ALLOW_SEALING : 0)));
+  EXPECT_TRUE(fd.Valid());
+  EXPECT_EQ(ftruncate(fd.Get(), static_cast<off_t>(bytes)), 0);
+  std::vector<uint8_t> pattern(bytes);
+  test::FillPattern(pattern.data(), bytes, 2);
+  EXPECT_EQ(pwrite(fd.Get(), pattern.data(), bytes, 0), static_cast<ssize_t>(bytes));
+  if (seals > 0) {
+    EXPECT_EQ(fcntl(fd.Get(), F_ADD_SEALS, seals), 0);
+  }
+  return fd;
+}
+
+// A peer that shrank a shared memfd would make every process that maps it die of SIGBUS at its next access past
+// the new end. A GpuBuffer's memfd is sealed against that, and Import refuses a memfd whose size is not sealed
+// or that is smaller than the handle claims.
+TEST_F(GpuBufferTest, SharedMemfdSizeIsSealedAndImportChecksIt) {
+  GpuBuffer buf(3 * 4096);
+  UniqueFd fd;
+  const IpcMemoryHandle good = ExportIpcMemory(buf.Data(), buf.Bytes(), &fd);
+  if (good.kind != static_cast<uint32_t>(IpcMemoryKind::HostMemfd)) {
+    GTEST_SKIP() << "exports " << IpcMemoryKindName(static_cast<IpcMemoryKind>(good.kind)) << ", not a memfd";
+  }
+  ASSERT_TRUE(fd.Valid());
+  const size_t bytes = good.allocationBytes;
+  test::FillPattern(buf.Data(), bytes, 1);
+
+  constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  EXPECT_EQ(fcntl(fd.Get(), F_GET_SEALS) & kSizeSeals, kSizeSeals);
+  errno = 0;
+  EXPECT_EQ(ftruncate(fd.Get(), 4096), -1) << "a holder of the descriptor shrank it";
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(ftruncate(fd.Get(), static_cast<off_t>(bytes * 2)), -1) << "a holder of the descriptor grew it";
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(fcntl(fd.Get(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE), -1) << "a holder of the descriptor added a seal";
+  EXPECT_EQ(errno, EPERM);
+  struct stat st;
+  ASSERT_EQ(fstat(fd.Get(), &st), 0);
+  if (static_cast<size_t>(st.st_size) != bytes) {
+    ASSERT_EQ(ftruncate(fd.Get(), static_cast<off_t>(bytes)), 0);  // whole again, so that the checks below can run
+  }
+  {
+    auto mapping = IpcMemoryMapping::Import(good, UniqueFd(dup(fd.Get())));
+    EXPECT_EQ(test::FirstPatternMismatch(mapping->Data(), bytes, 1), bytes) << "the import sees every byte";
+  }
+
+  // Descriptors of the right size, not sealed: refused, though the memory behind them is fine.
+  // (Linux seals a memfd made without MFD_ALLOW_SEALING with F_SEAL_SEAL alone: never against resizing.)
+  ExpectImportRefused(good, PatternMemfd(bytes, -1), "is not sealed against resizing (seals 0x1,",
+                      "memfd without MFD_ALLOW_SEALING");
+  ExpectImportRefused(good, PatternMemfd(bytes, 0), "is not sealed against resizing (seals 0x0",
+                      "memfd with no seals");
+  ExpectImportRefused(good, PatternMemfd(bytes, F_SEAL_SHRINK | F_SEAL_GROW), "is not sealed against resizing",
+                      "memfd whose seals can still change");
+  int pipeFds[2];
+  ASSERT_EQ(pipe(pipeFds), 0);
+  close(pipeFds[1]);
+  ExpectImportRefused(good, UniqueFd(pipeFds[0]), "is not a sealable memfd", "a pipe");
+  // Sealed, but smaller than the handle says: mapping it whole would SIGBUS past its end.
+  ExpectImportRefused(good, PatternMemfd(4096, kSizeSeals),
+                      "holds 4096 bytes, the handle claims " + std::to_string(good.allocationBytes),
+                      "sealed memfd smaller than claimed");
+  // The same sealed memfd of the right size maps, and shows its own contents.
+  auto mapping = IpcMemoryMapping::Import(good, PatternMemfd(bytes, kSizeSeals));
+  EXPECT_EQ(test::FirstPatternMismatch(mapping->Data(), bytes, 2), bytes);
 }
 
 // The copy that proxies make for waiting kernels: it copies, times itself, and a slow one names the cause.
