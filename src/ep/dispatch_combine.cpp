@@ -269,18 +269,16 @@ MORI_DEVICE_INLINE void RecordAbort(Control* ctl, int32_t staleFrom, int32_t abo
 }
 
 // Thread s of a block: waits for source s's signal of round `round` and returns its count (0 unless good). A
-// stale or aborting source goes into state[0] / state[1] (block-shared, 1 + the PE), and with `recordRound`
-// the stale word's round into the control block.
+// stale or aborting source goes into state[0] / state[1] (block-shared, 1 + the PE); a stale word's round
+// goes into the control block.
 MORI_DEVICE_INLINE int32_t AwaitSource(uint64_t* sig, int s, uint64_t round, int maxCount, int32_t* state,
-                                       Control* ctl, bool recordRound) {
+                                       Control* ctl) {
   const uint64_t v = shmem::ShmemSignalWaitUntil(sig + s, CmpOp::GE, round << 32);
   const SignalVerdict verdict = JudgeSignal(v, round, maxCount);
   if (verdict.stale) {
     core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&state[0], int32_t(s + 1));
-    if (recordRound) {
-      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->staleRound,
-                                                                          static_cast<uint32_t>(v >> 32));
-    }
+    const uint32_t staleRound = static_cast<uint32_t>(v >> 32);
+    core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->staleRound, staleRound);
   } else if (verdict.aborted) {
     core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&state[1], int32_t(s + 1));
   }
@@ -440,7 +438,7 @@ MORI_GLOBAL void ReceiveKernel(uint64_t* sig, uint64_t round, int world, int max
   if (tid < 2) state[tid] = 0;
   for (int e = tid; e < experts; e += static_cast<int>(core::FlatBlockDim())) expertCounts[e] = 0;
   core::SyncThreads();
-  if (tid < world) counts[tid] = AwaitSource(sig, tid, round, maxCount, state, ctl, true);
+  if (tid < world) counts[tid] = AwaitSource(sig, tid, round, maxCount, state, ctl);
   core::SyncThreads();
   if (tid == 0) {
     int32_t sum = 0;

@@ -12,6 +12,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/logging.hpp"
 #include "mori/shmem/shmem_api.hpp"
+#include "stream_ops.hpp"
 
 namespace mori::shmem {
 
@@ -513,14 +514,23 @@ void Runtime::Free(void* ptr) {
                static_cast<long long>(offsets[static_cast<size_t>(pe)]), rank_, static_cast<long long>(offset));
   }
   if (ptr == nullptr) return;
-  MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+  QuietAndSynchronize();
   bootstrap_->Barrier();  // no PE still reads or writes the block
   allocator_.Free(offset);
 }
 
 void Runtime::Barrier() {
-  MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+  QuietAndSynchronize();
   bootstrap_->Barrier();
+}
+
+// The host barrier and ShmemFree complete what kernels posted and left unquieted, as NVSHMEM's do: with a NIC
+// or a proxy set up, a finished kernel's puts and atomics may still be in a NIC's queue or a proxy's FIFO (its
+// own atomics too, through the loopback QP or connection), and the memory they target or read may be reused
+// once the barrier returns. P2P stores are complete when their kernel is.
+void Runtime::QuietAndSynchronize() {
+  if (nic_ != nullptr || proxy_) detail::LaunchQuietAll(nullptr);
+  MORI_CHECK_GPU(core::GpuDeviceSynchronize());
 }
 
 bool Runtime::LocalReachable(const void* p, size_t bytes, int pe) {

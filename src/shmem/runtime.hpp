@@ -45,6 +45,7 @@ class Runtime {
   void* Allocate(size_t bytes, size_t alignment, bool zero);
   void Free(void* ptr);
   void Barrier();
+  void QuietAndSynchronize();
 
   // Teams (ShmemTeam is the slot in teams_). Split is collective over the parent; the queries answer -1 for
   // what is not a team (or not a member).

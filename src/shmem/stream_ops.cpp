@@ -127,6 +127,11 @@ int TransferOnStream(const char* op, void* dest, const void* source, size_t byte
 }  // namespace
 
 namespace detail {
+void LaunchQuietAll(core::GpuStream stream) {
+  core::LaunchKernel(QuietKernel, Dim3(1), Dim3(1), 0, stream);
+  MORI_CHECK_GPU(core::GpuGetLastError());
+}
+
 void PreloadStreamKernels() {
   core::PreloadKernels(BarrierKernel, QuietKernel, TeamSyncKernel, SignalWaitKernel, TransferKernel<false>,
                        TransferKernel<true>, PutSignalKernel);

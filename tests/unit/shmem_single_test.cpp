@@ -445,6 +445,66 @@ INSTANTIATE_TEST_SUITE_P(Transports, ShmemPairTest, ::testing::Values("p2p", "rd
                            return name;
                          });
 
+// A kernel that puts and ends without quieting: the host's ShmemBarrierAll completes the puts, as NVSHMEM's
+// does, so the peer reads them right after its own barrier. Every WQE of the emulated NIC waits 300 ms here, so
+// a barrier that only waited for the kernel would come long before the data.
+MORI_GLOBAL void PutAndLeaveKernel(uint8_t* dst, const uint8_t* src, size_t bytes, int pe) {
+  ShmemPutMemNbiThread(dst, src, bytes, pe);
+}
+
+int RunUnquieted(const mori_shmem_uniqueid_t& uid, int rank) {
+  mori_shmem_uniqueid_t id = uid;
+  mori_shmem_init_attr_t attr;
+  if (ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) != 0 || ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) != 0) {
+    return 10;
+  }
+  const size_t bytes = 65536 + 24;
+  auto* dst = static_cast<uint8_t*>(ShmemCalloc(1, bytes));
+  auto* src = static_cast<uint8_t*>(ShmemMalloc(bytes));
+  if (dst == nullptr || src == nullptr) return 11;
+  std::vector<uint8_t> pattern(bytes);
+  core::test::FillPattern(pattern.data(), bytes, rank, 31);
+  if (core::GpuMemcpy(src, pattern.data(), bytes) != core::kGpuSuccess) return 12;
+  ShmemBarrierAll();
+  core::LaunchKernel(PutAndLeaveKernel, Dim3(1), Dim3(1), 0, nullptr, dst, src, bytes, 1 - rank);
+  if (core::GpuDeviceSynchronize() != core::kGpuSuccess) return 13;
+  ShmemBarrierAll();
+  std::vector<uint8_t> got(bytes);
+  if (core::GpuMemcpy(got.data(), dst, bytes) != core::kGpuSuccess) return 14;
+  int rc = core::test::FirstPatternMismatch(got.data(), bytes, 1 - rank, 31) == bytes ? 0 : 15;  // not all there
+  if (ShmemFinalize() != 0 && rc == 0) rc = 16;
+  return rc;
+}
+
+class ShmemUnquietedTest : public ShmemSingleTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(ShmemUnquietedTest, TheHostBarrierCompletesPutsAKernelLeftUnquieted) {
+  if (IsSkipped()) return;
+  SetTransportFromParam(GetParam());
+  setenv("MORI_TIMEOUT_S", "60", 1);
+  setenv("MORI_EMULATED_NIC_DELAY_US", "300000", 1);
+  mori_shmem_uniqueid_t uid;
+  ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(RunUnquieted(uid, 1));
+  int rc = RunUnquieted(uid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(rc, 0) << "PE 0 (see RunUnquieted for the code)";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "PE 1 status " << status;
+  unsetenv("MORI_EMULATED_NIC_DELAY_US");
+  unsetenv("MORI_SHMEM_TRANSPORT");
+  unsetenv("MORI_SHMEM_PROXY_CONN");
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ShmemUnquietedTest, ::testing::Values("rdma", "proxy:rdma"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), ':', '_');
+                           return name;
+                         });
+
 // Bad input over the Proxy transport: a PE out of range, a target outside the heap and a source the proxy
 // cannot reach trap with a message naming PE, peer and address; the runtime still finalises afterwards.
 MORI_GLOBAL void ProxyBadKernel(int what, uint8_t* heapPtr, uint8_t* outside) {
