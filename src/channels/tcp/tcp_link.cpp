@@ -746,6 +746,11 @@ void TcpLink::Impl::ReceiverLoop(LinkChannel& ch) {
     }
     Prepared();
     settled = true;
+    if (!options_.receive) {  // a peer that stops reading, for tests: parked until the link ends
+      std::unique_lock<std::mutex> lock(stateMutex_);
+      stateCv_.wait(lock, [&] { return stopping_ || failed_; });
+      throw Stopped{};
+    }
     while (true) {
       FrameHeader h;
       RecvExact(ch, &h, sizeof(h), true);

@@ -25,6 +25,7 @@ struct TcpLinkOptions {
   uint64_t chunkBytes = 512 << 10;
   std::vector<std::string> ifnames;  // channel i binds to ifnames[i % size]; empty: see TcpListener
   int device = -1;                   // GPU whose memory the link copies (-1: none named)
+  bool receive = true;  // tests only: false parks the receivers, as a peer that stops reading would
 
   // `tcp`'s fields where set, else MORI_TCP_CHANNELS / MORI_TCP_WINDOW / MORI_TCP_CHUNK_SIZE and
   // MORI_SOCKET_IFNAME; throws InvalidUsage naming a value out of range.
