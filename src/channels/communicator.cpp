@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -11,6 +12,7 @@
 #include "mori/core/errors.hpp"
 #include "mori/core/logging.hpp"
 #include "mori/core/timeout.hpp"
+#include "tcp/tcp_link.hpp"
 #include "tcp/tcp_registry.hpp"
 
 namespace mori::core {
@@ -210,6 +212,20 @@ Communicator::Communicator(std::shared_ptr<Bootstrap> bootstrap) : impl_(std::ma
 }
 
 Communicator::~Communicator() = default;
+
+void Communicator::Impl::TrackListener(const std::shared_ptr<tcp::TcpListener>& listener) {
+  std::lock_guard<std::mutex> lock(mutex);
+  pendingListeners.erase(std::remove_if(pendingListeners.begin(), pendingListeners.end(),
+                                        [](const std::weak_ptr<tcp::TcpListener>& w) { return w.expired(); }),
+                         pendingListeners.end());
+  pendingListeners.push_back(listener);
+}
+
+Communicator::Impl::~Impl() {
+  for (const auto& w : pendingListeners) {
+    if (auto listener = w.lock()) listener->Close();
+  }
+}
 
 const std::shared_ptr<Bootstrap>& Communicator::GetBootstrap() const { return impl_->bootstrap; }
 int Communicator::Rank() const { return impl_->Rank(); }

@@ -62,6 +62,9 @@ constexpr uint32_t kConnectHelloVersion = 1;
 static_assert(sizeof(ConnectHello) == 24, "ConnectHello travels as bytes");
 
 class SemaphorePool;  // semaphore.cpp
+namespace tcp {
+class TcpListener;
+}
 
 struct Communicator::Impl {
   std::shared_ptr<Bootstrap> bootstrap;
@@ -84,6 +87,17 @@ struct Communicator::Impl {
 
   // Memory this rank sent to itself, by bootstrap tag, in the order sent (guarded by `mutex`).
   std::map<int, std::deque<RegisteredMemory>> selfMemory;
+
+  // The listeners of Tcp connects whose futures are not taken yet (guarded by `mutex`). The communicator closes
+  // them when it goes: a future taken after that fails anyway, and one never taken would otherwise hold its
+  // ports for as long as the caller keeps it.
+  std::vector<std::weak_ptr<tcp::TcpListener>> pendingListeners;
+  void TrackListener(const std::shared_ptr<tcp::TcpListener>& listener);
+
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl();
 
   int Rank() const { return topology.rank; }
   int NRanks() const { return topology.nRanks; }

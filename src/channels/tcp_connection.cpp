@@ -120,6 +120,7 @@ std::shared_future<std::shared_ptr<Connection>> ConnectTcp(Communicator::Impl& c
   std::shared_ptr<Bootstrap> bootstrap = comm.bootstrap;
   auto listener = std::make_shared<tcp::TcpListener>(options, bootstrap->GetRank());
   tcp::TcpLink::SendHandle(*bootstrap, *listener, remoteRank, bootstrapTag);
+  comm.TrackListener(listener);
   return std::async(std::launch::deferred,
                     [bootstrap, listener, remoteRank, tag, bootstrapTag]() -> std::shared_ptr<Connection> {
                       std::vector<uint8_t> peerHandle = tcp::TcpLink::RecvHandle(*bootstrap, remoteRank, bootstrapTag);

@@ -1,9 +1,12 @@
 // The communicator between forked processes: registering memory for each transport, sending it to peers
 // (same-host CudaIpc memory arrives mapped), Connect over each transport and its refusals, semaphores over
 // each transport (host Signal/Wait/Poll rounds and a kernel's Wait), and a peer that is gone.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -356,16 +359,40 @@ TEST_F(CommunicatorMp, BadRanksTagsAndTransportsAreRefusedAtTheCall) {
   test::ExpectAllSucceed(outcomes);
 }
 
-// Futures of a Communicator taken after it is gone are an error naming the call, not a use of freed state.
+// Listening sockets of this process (any kind), from its open descriptors.
+int ListeningSockets() {
+  int n = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    const int fd = std::atoi(e->d_name);
+    if (fd == dirfd(dir)) continue;
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening != 0) ++n;
+  }
+  closedir(dir);
+  return n;
+}
+
+// Futures of a Communicator taken after it is gone are an error naming the call, not a use of freed state; a
+// Tcp connect whose future is never taken closes its listeners with the communicator (before, they stayed
+// open for as long as the future was kept).
 TEST_F(CommunicatorMp, FuturesOutlivingTheirCommunicatorAreAClearError) {
   const std::string root = LoopbackRoot();
   auto outcomes = test::RunProcesses(2, [&](int rank) {
     Rank r(rank, 2, root);
     auto memory = r.comm->RecvMemory(1 - rank, 3);
-    auto connection = r.comm->Connect(Config(Transport::Tcp), 1 - rank, 4);
+    const int listeningBefore = ListeningSockets();
+    EndpointConfig tcp = Config(Transport::Tcp);
+    tcp.tcp.numChannels = 3;
+    auto connection = r.comm->Connect(tcp, 1 - rank, 4);
+    EXPECT_EQ(ListeningSockets(), listeningBefore + 3) << "a listener per channel while the future waits";
     auto self = r.comm->Connect(Config(Transport::Emulated), rank, 5).get();
     auto semaphore = r.comm->BuildSemaphore(self, rank, 6);
     r.comm.reset();
+    EXPECT_EQ(ListeningSockets(), listeningBefore) << "the untaken connect's listeners outlived the communicator";
     ExpectError([&] { (void)memory.get(); }, ErrorCode::InvalidUsage,
                 "RecvMemory from rank " + std::to_string(1 - rank));
     ExpectError([&] { (void)connection.get(); }, ErrorCode::InvalidUsage, "Communicator was destroyed");

@@ -1142,6 +1142,10 @@ TcpListener::TcpListener(TcpListener&&) noexcept = default;
 TcpListener& TcpListener::operator=(TcpListener&&) noexcept = default;
 TcpListener::~TcpListener() = default;
 
+void TcpListener::Close() {
+  if (state_) state_->listeners.clear();
+}
+
 const TcpHandle& TcpListener::Handle() const { return state_->handle; }
 std::vector<uint8_t> TcpListener::HandleBytes() const { return EncodeHandle(state_->handle); }
 

@@ -42,6 +42,9 @@ class TcpListener {
   TcpListener& operator=(TcpListener&&) noexcept;
   ~TcpListener();
 
+  // Closes the listening sockets now (a link made from this listener afterwards fails to connect).
+  void Close();
+
   const TcpHandle& Handle() const;
   std::vector<uint8_t> HandleBytes() const;
 
