@@ -7,10 +7,13 @@
 #include <string>
 
 #include "mori/core/device.hpp"
+#include "mori/core/device_sync.hpp"
 #include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
+#include "mori/core/format.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/logging.hpp"
+#include "mori/core/timeout.hpp"
 #include "mori/shmem/shmem_api.hpp"
 #include "stream_ops.hpp"
 
@@ -405,7 +408,16 @@ Runtime::~Runtime() {
 void Runtime::Finalize() {
   if (finalized_) return;
   finalized_ = true;
-  (void)core::GpuDeviceSynchronize();
+  try {  // a kernel's failure (a trap) does not stop the teardown; one still running does
+    (void)core::DeviceSynchronizeBy(core::Deadline::Default(), core::StrFormat("ShmemFinalize on PE %d", rank_));
+  } catch (const core::TimeoutError&) {
+    kernelsMayRun_ = true;
+    throw;
+  }
+  // No kernel of this PE runs now. The device API learns at once that the runtime is gone, so that whatever
+  // fails below (a barrier with a dead peer) leaves no state pointing at the heap freed with this runtime.
+  ShmemDeviceState cleared{};
+  PublishDeviceState(cleared);
   std::exception_ptr proxyError;
   if (proxy_) {
     // What this PE's kernels asked for is complete at its targets before the others may tear down.
@@ -417,8 +429,6 @@ void Runtime::Finalize() {
     }
   }
   bootstrap_->Barrier();  // every PE's kernels are done: nothing writes into the heaps any more
-  ShmemDeviceState cleared{};
-  PublishDeviceState(cleared);
   if (nic_ != nullptr) {
     for (const auto& r : localRegions_) nic_->DeregisterRdmaMemoryRegion(reinterpret_cast<void*>(r.base));
     nic_->DeregisterRdmaMemoryRegion(heap_.Data());
@@ -530,7 +540,8 @@ void Runtime::Barrier() {
 // once the barrier returns. P2P stores are complete when their kernel is.
 void Runtime::QuietAndSynchronize() {
   if (nic_ != nullptr || proxy_) detail::LaunchQuietAll(nullptr);
-  MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+  MORI_CHECK_GPU(core::DeviceSynchronizeBy(core::Deadline::Default(),
+                                           core::StrFormat("PE %d, waiting for its kernels before a host barrier", rank_)));
 }
 
 bool Runtime::LocalReachable(const void* p, size_t bytes, int pe) {

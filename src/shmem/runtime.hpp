@@ -64,8 +64,11 @@ class Runtime {
   void RegisterBuffer(void* ptr, size_t bytes);
   void UnregisterBuffer(void* ptr);
 
-  // Collective teardown (a barrier first, so nobody still writes into memory about to go).
+  // Collective teardown (a barrier first, so nobody still writes into memory about to go). Kernels of this PE
+  // that are still running after MORI_TIMEOUT_S make it throw a TimeoutError before anything is freed or
+  // cleared, and KernelsMayStillRun() then says so: the runtime must not be destroyed.
   void Finalize();
+  bool KernelsMayStillRun() const { return kernelsMayRun_; }
 
  private:
   void ChooseTransports();
@@ -125,6 +128,7 @@ class Runtime {
   std::mutex mutex_;
   SymmetricAllocator allocator_;
   bool finalized_ = false;
+  bool kernelsMayRun_ = false;
 };
 
 // Installs `state` for kernels: the library's own copy (HOST) and every registered translation unit (GPU).

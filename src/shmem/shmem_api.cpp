@@ -260,7 +260,16 @@ int ShmemFinalize() {
     auto& rt = TheRuntime();
     MORI_CHECK(rt != nullptr, core::ErrorCode::InvalidUsage, "ShmemFinalize without ShmemInit");
     std::unique_ptr<Runtime> taken = std::move(rt);
-    taken->Finalize();
+    try {
+      taken->Finalize();
+    } catch (...) {
+      if (taken->KernelsMayStillRun()) {
+        // Its kernels may still write into the heap and read the state: both stay, for the process's lifetime.
+        MORI_LOG_ERROR(Shmem, "ShmemFinalize: kernels of this PE still run; its heap and state are left in place");
+        (void)taken.release();
+      }
+      throw;
+    }
   });
 }
 

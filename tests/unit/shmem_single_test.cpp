@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -671,6 +672,76 @@ TEST(ShmemInitExchange, TransportChoiceNamesStayInsideTheTable) {
   EXPECT_STREQ(TransportChoiceName(2), "rdma");
   EXPECT_STREQ(TransportChoiceName(3), "proxy");
   for (int32_t bad : {-1, 4, 5, 1000, INT_MAX, INT_MIN}) EXPECT_STREQ(TransportChoiceName(bad), "an unknown choice");
+}
+
+// A finalize that fails at its barrier (the peer died) has cleared the device state first: a kernel that uses
+// the device API afterwards is told the runtime is gone, instead of writing into the heap freed with it.
+TEST_F(ShmemSingleTest, AFinalizeWhoseBarrierFailsLeavesNoStateOnTheFreedHeap) {
+  if (!MORI_BACKEND_HOST) GTEST_SKIP() << "device traps end the GPU context; the HOST backend tests them";
+  setenv("MORI_TIMEOUT_S", "10", 1);
+  mori_shmem_uniqueid_t uid;
+  ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
+  auto init = [&](int rank) {
+    mori_shmem_uniqueid_t id = uid;
+    mori_shmem_init_attr_t attr;
+    return ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) == 0 &&
+           ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) == 0;
+  };
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(init(1) && ShmemCalloc(1, 64) != nullptr ? 0 : 1);  // leaves without finalizing
+  ASSERT_TRUE(init(0));
+  auto* p = static_cast<uint8_t*>(ShmemCalloc(1, 64));
+  ASSERT_NE(p, nullptr);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "PE 1 status " << status;
+  ::testing::internal::CaptureStderr();
+  const int finalized = ShmemFinalize();
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(finalized, 0) << "the barrier with a dead peer should have failed";
+  EXPECT_NE(err.find("ShmemFinalize"), std::string::npos) << err;
+  err = RunBad(0, p, 8);
+  EXPECT_NE(err.find("after ShmemFinalize"), std::string::npos) << err;
+  unsetenv("MORI_TIMEOUT_S");
+}
+
+// A kernel that never ends (here: until the host lets it go) holds neither a host barrier nor finalize past
+// MORI_TIMEOUT_S; finalize then frees nothing, so the kernel's late writes land in memory that is still the heap.
+MORI_GLOBAL void WaitForHostKernel(const uint32_t* release, uint64_t* heapWord, uint64_t value) {
+  core::SpinDeadline deadline(uint64_t{60} * 1000000000ull);
+  while (core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(release) == 0 && !deadline.Expired()) {
+    core::SpinPause();
+  }
+  core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::System>(heapWord, value);
+}
+
+TEST_F(ShmemSingleTest, AKernelThatNeverEndsFailsTheBarrierAndFinalizeWithinTheTimeout) {
+  setenv("MORI_TIMEOUT_S", "2", 1);
+  ASSERT_EQ(ShmemInit(), 0);
+  auto* word = static_cast<uint64_t*>(ShmemCalloc(1, sizeof(uint64_t)));
+  ASSERT_NE(word, nullptr);
+  core::GpuBuffer release(sizeof(uint32_t), core::MemoryType::HostPinned);
+  std::memset(release.Data(), 0, sizeof(uint32_t));
+  const uint64_t value = 0x5eed0000u + static_cast<uint64_t>(getpid() & 0xffff);
+  core::LaunchKernel(WaitForHostKernel, Dim3(1), Dim3(1), 0, nullptr, release.DataAs<const uint32_t>(), word, value);
+  auto t0 = std::chrono::steady_clock::now();
+  ::testing::internal::CaptureStderr();
+  ShmemBarrierAll();
+  const int finalized = ShmemFinalize();
+  std::string err = ::testing::internal::GetCapturedStderr();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(finalized, 0);
+  EXPECT_LT(took, 30.0) << "the barrier and finalize waited for the kernel";
+  EXPECT_NE(err.find("waiting for its kernels before a host barrier"), std::string::npos) << err;
+  EXPECT_NE(err.find("had not finished after 2 s"), std::string::npos) << err;
+  EXPECT_NE(err.find("heap and state are left in place"), std::string::npos) << err;
+  core::AtomicStore<core::MemoryOrder::Release, core::Scope::System>(release.DataAs<uint32_t>(), 1u);
+  ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+  uint64_t got = 0;
+  ASSERT_EQ(core::GpuMemcpy(&got, word, sizeof(got)), core::kGpuSuccess);
+  EXPECT_EQ(got, value) << "the kernel's late write did not land in the heap";
+  unsetenv("MORI_TIMEOUT_S");
 }
 
 }  // namespace
