@@ -92,20 +92,22 @@ struct FifoDeviceHandle {
     // that the host published after reading those slots. A stale value only sends the push to WaitForRoom,
     // which reads the tail itself with acquire.
 #if MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
-    // hipcc 5.2's AMDGPU backend fails on the branch into WaitForRoom below ("failed to annotate CFG"), and on
-    // a fence under a branch: HIP producers read the host's tail on every push, as before the device-side copy
-    // existed, and every push fences (system scope).
-    (void)order;
+    // hipcc 5.2's AMDGPU backend fails on the branch into WaitForRoom below ("failed to annotate CFG"):
+    // HIP producers read the host's tail on every push, as before the device-side copy existed.
     uint64_t first = AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(head, static_cast<uint64_t>(n));
     WaitForRoom(first, n);
+#else
+    const uint64_t seen = AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(tailSeen);
+    uint64_t first = AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(head, static_cast<uint64_t>(n));
+    if (MORI_UNLIKELY(first + n > seen + size)) WaitForRoom(first, n);
+#endif
+    // A release fence and relaxed slot stores after it (a release pattern): one fence covers all the slots.
+#if MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
+    // hipcc 5.2's AMDGPU backend fails on this fence under a branch ("failed to annotate CFG"): on HIP every
+    // push fences.
+    (void)order;
     AtomicFence<MemoryOrder::Release, Scope::System>();
 #else
-    // A release fence, then relaxed slot stores (a release pattern): one fence covers all the slots. It comes
-    // before the claim, not after: a fence waits for every memory operation of the thread still in flight,
-    // and after the claim that is the fetch-add's round trip to L2 (an H200 push after GPU-memory writes took
-    // 1,372 SM cycles with the fence after the claim, against 841 for a push with no fence and 271 for the
-    // fence alone). Between the fence and the slot stores only loads and the claim's atomic come, so the
-    // writes it orders are still all those before the push.
     if (order == FifoOrder::AfterWrites) {
       AtomicFence<MemoryOrder::Release, Scope::System>();
     } else if (order == FifoOrder::AfterDeviceWrites) {
@@ -115,9 +117,6 @@ struct FifoDeviceHandle {
       AtomicFence<MemoryOrder::Release, Scope::System>();
 #endif
     }
-    const uint64_t seen = AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(tailSeen);
-    uint64_t first = AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(head, static_cast<uint64_t>(n));
-    if (MORI_UNLIKELY(first + n > seen + size)) WaitForRoom(first, n);
 #endif
     for (uint32_t k = 0; k < n; ++k) {
       uint64_t slot = first + k;
