@@ -6,7 +6,9 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <chrono>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
+#include "mori/core/logging.hpp"
 #include "mori/core/timeout.hpp"
 #include "mori/rdma/device_primitives.hpp"
 #include "mori/rdma/emulated.hpp"
@@ -829,6 +832,161 @@ TEST_F(EmulatedNic, ResponsesAreCheckedAgainstTheRequestAndTheRegistration) {
   answer(peer.Get(), request, emulated::PacketType::Ack);
   EXPECT_EQ(completion(second), kSyndromeBadRespErr);
   EXPECT_EQ(Mismatch(dst, 0, dst.Bytes(), 9, 90, 0), dst.Bytes());
+}
+
+// RC's ack timer. A peer that takes requests and never answers (its NIC stopped or stuck while its kernel keeps the
+// TCP connection up) fails the oldest request with transport-retry-exceeded once the ack timeout has passed, the
+// QP goes to the error state and what follows, posted before or after, is flushed; a read that timed out writes
+// nothing, even when its response comes late. A peer that answers within the timeout, each answer later than the
+// timeout after the first request went out, and a WQE that the delay knob holds back for longer than the timeout
+// before it is sent, complete. The silent and the slow peer are the test on a raw socket posing as a NIC.
+TEST_F(EmulatedNic, ARequestNobodyAnswersFailsAfterTheAckTimeout) {
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kAckTimeout = std::chrono::milliseconds(1500);
+  Connect();
+  EmulatedNicControl* nic = GetEmulatedNicControl(a_);
+  nic->SetAckTimeoutMilliseconds(static_cast<uint32_t>(kAckTimeout.count()));
+  GpuBuffer& src = Alloc(64);
+  GpuBuffer& dst = Alloc(256);   // A's, for reads
+  GpuBuffer& bDst = Alloc(64);   // B's, for the delayed write
+  Fill(src, 3, 31);
+  Fill(dst, 4, 41);
+  Fill(bDst, 5, 51);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = a_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  RdmaMemoryRegion bMr = b_->RegisterRdmaMemoryRegion(bDst.Data(), bDst.Bytes());
+  auto next = [&](RdmaEndpoint& ep, double seconds) {
+    HostCompletion c{};
+    c.status = -1;
+    core::Deadline deadline = core::Deadline::After(seconds);
+    while (a_->HostPoll(ep, &c, 1) == 0 && !deadline.Expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return c;
+  };
+  auto read = [&](size_t offset, uint64_t wrId) {
+    HostWorkRequest wr;
+    wr.op = HostOp::Read;
+    wr.laddr = dstMr.addr + offset;
+    wr.lkey = dstMr.lkey;
+    wr.raddr = 0x10000;
+    wr.rkey = 0x99;
+    wr.bytes = 64;
+    wr.wrId = wrId;
+    return wr;
+  };
+
+  // The delay knob holds the write back longer than the ack timeout: its timer starts only when it is sent.
+  nic->SetDelayMicroseconds(static_cast<uint32_t>((kAckTimeout.count() + 300) * 1000));
+  a_->HostPost(epA_, WriteRequest(srcMr, bMr, 64, 7));
+  HostCompletion delayed = next(epA_, 30);
+  nic->SetDelayMicroseconds(0);
+  EXPECT_EQ(delayed.status, 0) << "a WQE held back by the delay knob timed out";
+  EXPECT_EQ(delayed.wrId, 7u);
+  EXPECT_EQ(Mismatch(bDst, 0, 64, 3, 31, 0), 64u) << "the delayed write did not land";
+
+  net::SocketAddress at = WireOf(epB_.handle);
+  at.SetPort(0);
+  UniqueFd listener = net::Listen(at);
+  RdmaEndpointHandle fake = epB_.handle;
+  fake.wirePort = at.Port();
+  fake.wireNonce = 0xfeedfacecafe;
+  fake.qpn = 0x234567;
+  fake.psn = 300;
+  UniqueFd peer;
+  auto request = [&] {  // the next request A sends the fake peer (its payload skipped)
+    emulated::PacketHeader h{};
+    net::RecvAll(peer.Get(), &h, sizeof(h), core::Deadline::After(10), "NIC A");
+    std::vector<uint8_t> payload(emulated::PayloadBytes(h));
+    if (!payload.empty()) net::RecvAll(peer.Get(), payload.data(), payload.size(), core::Deadline::After(10), "NIC A");
+    return h;
+  };
+  auto answerRead = [&](const emulated::PacketHeader& r, uint8_t fill) {
+    emulated::PacketHeader h = Header(emulated::PacketType::ReadResponse, r.srcQpn);
+    h.srcQpn = r.dstQpn;
+    h.psn = r.psn;
+    h.length = r.length;
+    SendPacket(peer.Get(), h, std::vector<uint8_t>(h.length, fill));
+  };
+
+  // Slow but alive: each read is answered 900 ms after the last event, the second 1.8 s after it was sent.
+  RdmaEndpoint slow = a_->CreateRdmaEndpoint(RdmaEndpointConfig());
+  a_->ConnectEndpoint(slow.handle, fake);
+  a_->HostPost(slow, read(0, 1));
+  a_->HostPost(slow, read(64, 2));
+  peer = net::AcceptOne(listener.Get(), core::Deadline::After(10));
+  ASSERT_TRUE(peer);
+  emulated::PacketHeader hello{};
+  net::RecvAll(peer.Get(), &hello, sizeof(hello), core::Deadline::After(10), "NIC A");
+  ASSERT_EQ(hello.type, static_cast<uint8_t>(emulated::PacketType::Hello));
+  emulated::PacketHeader r1 = request(), r2 = request();
+  ASSERT_EQ(r1.type, static_cast<uint8_t>(emulated::PacketType::ReadRequest));
+  ASSERT_EQ(r2.type, static_cast<uint8_t>(emulated::PacketType::ReadRequest));
+  std::this_thread::sleep_for(kAckTimeout * 6 / 10);
+  answerRead(r1, 0x51);
+  std::this_thread::sleep_for(kAckTimeout * 6 / 10);
+  answerRead(r2, 0x52);
+  for (uint64_t wrId = 1; wrId <= 2; ++wrId) {
+    HostCompletion c = next(slow, 30);
+    EXPECT_EQ(c.status, 0) << "read " << wrId << " of a slow peer failed";
+    EXPECT_EQ(c.wrId, wrId);
+    EXPECT_EQ(Read(dst, (wrId - 1) * 64, 64), std::vector<uint8_t>(64, static_cast<uint8_t>(0x50 + wrId)));
+  }
+
+  // Silent: a read, a write and a read go out and nothing comes back.
+  RdmaEndpoint silent = a_->CreateRdmaEndpoint(RdmaEndpointConfig());
+  a_->ConnectEndpoint(silent.handle, fake);
+  ::testing::internal::CaptureStderr();
+  const Clock::time_point posted = Clock::now();
+  a_->HostPost(silent, read(128, 11));
+  HostWorkRequest write = WriteRequest(srcMr, bMr, 64, 12);
+  write.rkey = 0x99;
+  a_->HostPost(silent, write);
+  a_->HostPost(silent, read(192, 13));
+  emulated::PacketHeader lost = request();  // on the same connection
+  ASSERT_EQ(lost.type, static_cast<uint8_t>(emulated::PacketType::ReadRequest));
+  EXPECT_EQ(request().type, static_cast<uint8_t>(emulated::PacketType::WriteRequest));
+  EXPECT_EQ(request().type, static_cast<uint8_t>(emulated::PacketType::ReadRequest));
+  HostCompletion first = next(silent, 15);
+  const auto waited = Clock::now() - posted;
+  std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(first.status, int{kSyndromeTransportRetryExcErr}) << "the unanswered read did not time out";
+  EXPECT_EQ(first.wrId, 11u);
+  EXPECT_GE(waited, kAckTimeout) << "it failed before the ack timeout";
+  EXPECT_LT(waited, kAckTimeout + std::chrono::seconds(3)) << "it failed long after the ack timeout";
+  if (core::LogEnabled(core::LogLevel::Warn, core::LogSubsys::Rdma)) {
+    const std::string line = core::StrFormat("emulated QP %u: no response from QP %u at ", silent.handle.qpn, fake.qpn);
+    EXPECT_NE(log.find(line), std::string::npos) << log;
+  }
+  for (uint64_t wrId = 12; wrId <= 13; ++wrId) {
+    HostCompletion c = next(silent, 30);
+    EXPECT_EQ(c.status, int{kSyndromeWrFlushErr}) << "WQE " << wrId << " was not flushed";
+    EXPECT_EQ(c.wrId, wrId);
+  }
+  a_->HostPost(silent, WriteRequest(srcMr, bMr, 8, 14));  // the QP is in error: flushed without being sent
+  HostCompletion after = next(silent, 30);
+  EXPECT_EQ(after.status, int{kSyndromeWrFlushErr}) << "a WQE posted after the timeout ran";
+  EXPECT_EQ(after.wrId, 14u);
+
+  // The read's response comes after all: it is dropped. A read of a fresh QP, answered on the same connection
+  // after it, shows that A has taken it.
+  answerRead(lost, 0x6b);
+  RdmaEndpoint probe = a_->CreateRdmaEndpoint(RdmaEndpointConfig());
+  a_->ConnectEndpoint(probe.handle, fake);
+  GpuBuffer& probeDst = Alloc(64);
+  RdmaMemoryRegion probeMr = a_->RegisterRdmaMemoryRegion(probeDst.Data(), probeDst.Bytes());
+  HostWorkRequest probeRead = read(0, 21);
+  probeRead.laddr = probeMr.addr;
+  probeRead.lkey = probeMr.lkey;
+  a_->HostPost(probe, probeRead);
+  emulated::PacketHeader pr = request();
+  ASSERT_EQ(pr.type, static_cast<uint8_t>(emulated::PacketType::ReadRequest));
+  answerRead(pr, 0x77);
+  HostCompletion probed = next(probe, 30);
+  EXPECT_EQ(probed.status, 0);
+  EXPECT_EQ(Read(probeDst, 0, 64), std::vector<uint8_t>(64, 0x77));
+  EXPECT_EQ(Mismatch(dst, 128, 128, 4, 41, 128), 128u) << "a read that timed out wrote local memory";
+  EXPECT_EQ(Mismatch(bDst, 0, 64, 3, 31, 0), 64u);
 }
 
 // A QP whose peer NIC does not answer the connect (its listener's backlog is full, so SYNs are dropped) stalls

@@ -34,6 +34,9 @@ class EmulatedNicControl {
   virtual void SetRnrTimeoutMilliseconds(uint32_t ms) = 0;
   // A QP that has work but makes no progress for this long is logged (once per stall) with its state.
   virtual void SetStallReportMilliseconds(uint32_t ms) = 0;
+  // How long a request sent to a peer may wait for its response (MORI_TIMEOUT_S by default) before it completes
+  // with transport-retry-exceeded and its QP goes to the error state, as an RC QP's ack timeout and retries do.
+  virtual void SetAckTimeoutMilliseconds(uint32_t ms) = 0;
   virtual EmulatedNicStats Stats() const = 0;
 };
 

@@ -34,6 +34,8 @@ constexpr size_t kMaxInFlightPerQp = 256;
 constexpr uint32_t kMaxSendQueueDepth = 32768;  // 16-bit WQE counters must not alias
 // The engine spins while there is work and for this long after; then it sleeps in poll() between looks.
 constexpr auto kSpinAfterWork = std::chrono::milliseconds(50);
+// How often the engine looks for requests whose response is overdue (it looks at every QP then).
+constexpr auto kAckTimerTick = std::chrono::milliseconds(5);
 
 uint32_t RoundUpPow2(uint32_t v) {
   uint32_t p = 1;
@@ -94,6 +96,7 @@ SoftNic::SoftNic(RdmaDevice* device) : RdmaDeviceContext(device) {
   MORI_CHECK(delay >= 0 && delay <= 60'000'000, core::ErrorCode::InvalidUsage,
              "MORI_EMULATED_NIC_DELAY_US=%lld is outside [0, 60000000]", static_cast<long long>(delay));
   delayUs_.store(static_cast<uint32_t>(delay));
+  ackTimeoutMs_.store(static_cast<uint32_t>(core::TimeoutSeconds() * 1000));  // at most 30 days: fits
   listenAddr_ = net::PickLocalAddress();
   listenAddr_.SetPort(0);
   listener_ = net::Listen(listenAddr_);
@@ -328,6 +331,7 @@ void SoftNic::Run() {
           work |= moved;
           WatchProgress(*qp, moved, now);
         }
+        work |= CheckAckTimers(now);
         CloseSilentStrangers(now);
         ReapLinks();
       }
@@ -382,6 +386,38 @@ void SoftNic::WatchProgress(Qp& qp, bool moved, Clock::time_point now) {
                 front ? static_cast<unsigned>(front->opcode) : 0u, qp.nextPsn, qp.expectedPsn, qp.requests.size(),
                 qp.pendingCqes.size(), qp.cqProduced, consumed, qp.cqDepth,
                 qp.link == nullptr ? "none" : qp.link->dead ? "dead" : "up");
+}
+
+// RC's ack timer: the oldest request of a QP still waiting for its response may wait the ack timeout, counted from
+// the latest of its sending, the QP's last response (a peer answers a QP's requests in order) and the last bytes its
+// connection took (a large payload still going: once the socket buffers are full, only a peer NIC that reads moves
+// it). Then it fails with transport-retry-exceeded and what follows is flushed, as when the link breaks: a peer NIC
+// that is stopped or stuck while its kernel keeps the connection up would otherwise hang the QP. The wire is TCP,
+// so nothing is lost or retransmitted: a response can only be late (the delay knob acts before sending, before the
+// timer starts). Only a look at the wire that began after the deadline counts, so that an engine held up itself
+// (its process stopped, its host overloaded) reads the responses waiting for it before it blames the peer.
+bool SoftNic::CheckAckTimers(Clock::time_point now) {
+  if (now < nextAckCheck_) return false;
+  nextAckCheck_ = now + kAckTimerTick;
+  const auto bound = std::chrono::milliseconds(ackTimeoutMs_.load(std::memory_order_relaxed));
+  bool expired = false;
+  for (auto& [qpn, qp] : qps_) {
+    if (qp->state == Qp::State::Error) continue;
+    auto oldest = std::find_if(qp->inflight.begin(), qp->inflight.end(), [](const InFlight& f) { return !f.done; });
+    if (oldest == qp->inflight.end()) continue;
+    Clock::time_point since = std::max(oldest->sent, qp->lastResponse);
+    if (qp->link != nullptr) since = std::max(since, qp->link->txMoved);
+    if (lastPollStart_ - since <= bound) continue;
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - since).count();
+    MORI_LOG_WARN(Rdma,
+                  "emulated QP %u: no response from QP %u at %s for %lld ms (slot %u, psn %u, opcode 0x%x; ack timeout "
+                  "%lld ms): transport retry counter exceeded, the QP goes to the error state",
+                  qp->qpn, qp->remoteQpn, qp->remoteAddr.ToString().c_str(), static_cast<long long>(waited),
+                  oldest->slot, oldest->psn, oldest->opcode, static_cast<long long>(bound.count()));
+    FailInFlight(*qp, kSyndromeTransportRetryExcErr);
+    expired = true;
+  }
+  return expired;
 }
 
 // Where the NIC may read the send queue to: through the last WQE a doorbell announced, as on mlx5 (the
@@ -452,7 +488,6 @@ void SoftNic::FailWqe(Qp& qp, uint32_t slot, uint8_t opcode, bool signaled, uint
 }
 
 bool SoftNic::StartWqe(Qp& qp, uint32_t slot, Clock::time_point now) {
-  (void)now;
   uint8_t wqe[kSendWqeBasicBlock];
   std::memcpy(wqe, qp.sq + size_t(slot & (qp.sqDepth - 1)) * kSendWqeBasicBlock, sizeof(wqe));
   uint32_t opmodIdxOpcode = BeToHost32(*reinterpret_cast<uint32_t*>(wqe));
@@ -598,6 +633,7 @@ bool SoftNic::StartWqe(Qp& qp, uint32_t slot, Clock::time_point now) {
   h.psn = qp.nextPsn;
   qp.nextPsn = (qp.nextPsn + 1) & 0xffffff;
   f.psn = h.psn;
+  f.sent = now;
   if (h.type != static_cast<uint8_t>(PacketType::ReadRequest)) h.length = payloadBytes;
   qp.inflight.push_back(f);
   Send(*link, h, payload, payloadBytes);
@@ -674,6 +710,7 @@ void SoftNic::OnResponse(Qp& qp, const PacketHeader& h, std::vector<uint8_t>& pa
   for (InFlight& f : qp.inflight) {
     if (f.done || f.psn != h.psn || f.opcode == kOpcodeNop) continue;
     f.done = true;
+    qp.lastResponse = Clock::now();
     if (h.syndrome != 0) {
       f.syndrome = h.syndrome;
       qp.blocked = true;  // send nothing more: the QP is about to enter the error state
@@ -947,6 +984,7 @@ bool SoftNic::PumpCompletions(Qp& qp) {
 bool SoftNic::PollLinks(int timeoutMs) {
   std::vector<pollfd> fds;
   std::vector<Link*> who;
+  lastPollStart_ = Clock::now();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     fds.push_back({listener_.Get(), POLLIN, 0});
@@ -999,6 +1037,7 @@ void SoftNic::WriteLink(Link& link) {
       return;
     }
     link.txOffset += static_cast<size_t>(n);
+    if (n > 0) link.txMoved = Clock::now();
     if (link.txOffset == packet.size()) {
       link.tx.pop_front();
       link.txOffset = 0;

@@ -51,6 +51,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   void CorruptNextRemoteKey() override { corruptNextRkey_.store(true); }
   void SetRnrTimeoutMilliseconds(uint32_t ms) override { rnrTimeoutMs_.store(ms); }
   void SetStallReportMilliseconds(uint32_t ms) override { stallReportMs_.store(ms); }
+  void SetAckTimeoutMilliseconds(uint32_t ms) override { ackTimeoutMs_.store(ms); }
   EmulatedNicStats Stats() const override;
 
  private:
@@ -79,6 +80,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
     uintptr_t laddr = 0;  // where a read's data or an atomic's original value lands
     uint32_t length = 0;
     uint32_t lkey = 0;    // of the region laddr lies in: looked up again when the response comes
+    Clock::time_point sent{};  // when the request went to the link: its ack timer starts here
   };
 
   // A request from a peer, executed in arrival order per QP.
@@ -121,6 +123,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
     Clock::time_point sqEligible{};  // the delay knob: when the next WQE may execute
     bool waitingDelay = false;
     std::deque<InFlight> inflight;
+    Clock::time_point lastResponse{};  // a response restarts the ack timer of what is still outstanding
     bool blocked = false;     // a failed WQE is queued: read no further WQEs until it completes
     std::deque<Request> requests;
     bool cqOverrunWarned = false;
@@ -144,10 +147,12 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
     size_t rxPayloadGot = 0;
     std::deque<std::vector<uint8_t>> tx;
     size_t txOffset = 0;
+    std::chrono::steady_clock::time_point txMoved{};  // when the peer last took bytes (a large payload still going)
   };
 
   void Run();
   void WatchProgress(Qp& qp, bool moved, Clock::time_point now);
+  bool CheckAckTimers(Clock::time_point now);
   uint32_t SendQueueEnd(Qp& qp);
   bool PumpSendQueue(Qp& qp, Clock::time_point now);
   bool PumpRequests(Qp& qp, Clock::time_point now);
@@ -205,6 +210,9 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   std::atomic<bool> corruptNextRkey_{false};
   std::atomic<uint32_t> rnrTimeoutMs_{5000};
   std::atomic<uint32_t> stallReportMs_{10000};
+  std::atomic<uint32_t> ackTimeoutMs_{0};  // MORI_TIMEOUT_S unless a test sets it
+  Clock::time_point nextAckCheck_{};
+  Clock::time_point lastPollStart_{};  // when the engine's last look at the wire began (engine thread only)
   std::atomic<uint64_t> stallReports_{0}, doorbellFaults_{0}, strangersRefused_{0};
   std::atomic<uint64_t> wqesExecuted_{0}, bytesMoved_{0}, cqesWritten_{0}, requestsServed_{0};
   Clock::time_point lastWork_;
