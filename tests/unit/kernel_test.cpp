@@ -2,6 +2,10 @@
 // CUDA/HIP): indices, block barriers, dynamic shared memory, asynchronous launch, events, traps.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "mori/core/atomic.hpp"
@@ -182,6 +186,61 @@ TEST_F(Kernel, InvalidConfigurationIsReported) {
   EXPECT_EQ(GpuDeviceSynchronize(), kGpuSuccess);
   EXPECT_EQ(GpuFree(out), kGpuSuccess);
 }
+
+#if MORI_BACKEND_HOST
+// HOST: a kernel that never ends (here, until the test lets it go) holds no synchronisation longer than twice
+// MORI_TIMEOUT_S and 10 s: stream, event and device synchronisation return kGpuErrorTimeout and say why; once
+// the kernel ends, the stream works as before. Before, each of them waited for as long as the kernel ran.
+TEST_F(Kernel, HostSynchronisationsOfAKernelThatNeverEndsTimeOut) {
+  setenv("MORI_TIMEOUT_S", "1", 1);
+  uint32_t* flag = nullptr;
+  ASSERT_EQ(GpuHostAllocMapped(reinterpret_cast<void**>(&flag), sizeof(uint32_t)), kGpuSuccess);
+  *flag = 0;
+  uint32_t* out = nullptr;
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&out), 2 * sizeof(uint32_t)), kGpuSuccess);
+  GpuStream stream;
+  ASSERT_EQ(GpuStreamCreate(&stream), kGpuSuccess);
+  GpuEvent after;
+  ASSERT_EQ(GpuEventCreate(&after), kGpuSuccess);
+  LaunchKernel(WaitForHostFlag, Dim3(1), Dim3(2), 0, stream, flag, out, uint64_t{60'000'000'000});
+  ASSERT_EQ(GpuEventRecord(after, stream), kGpuSuccess);
+  testing::internal::CaptureStderr();
+  const auto start = std::chrono::steady_clock::now();
+  GpuStatus streamSync = kGpuSuccess, eventSync = kGpuSuccess, deviceSync = kGpuSuccess;
+  {  // all three at once: each has its own bound of 12 s
+    std::thread a([&] { streamSync = GpuStreamSynchronize(stream); });
+    std::thread b([&] { eventSync = GpuEventSynchronize(after); });
+    deviceSync = GpuDeviceSynchronize();
+    a.join();
+    b.join();
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::string log = testing::internal::GetCapturedStderr();
+  unsetenv("MORI_TIMEOUT_S");
+  EXPECT_EQ(streamSync, kGpuErrorTimeout);
+  EXPECT_EQ(eventSync, kGpuErrorTimeout);
+  EXPECT_EQ(deviceSync, kGpuErrorTimeout);
+  EXPECT_GE(took, 11.0);
+  EXPECT_LT(took, 40.0);
+  for (const char* call : {"GpuStreamSynchronize", "GpuEventSynchronize", "GpuDeviceSynchronize"}) {
+    EXPECT_NE(log.find(std::string(call) + ": the HOST work it waits for has not finished after 12 s"),
+              std::string::npos)
+        << log;
+  }
+  EXPECT_NE(std::string(GpuGetErrorString(kGpuErrorTimeout)).find("twice MORI_TIMEOUT_S"), std::string::npos);
+  AtomicStore<MemoryOrder::Release>(flag, 1u);
+  ASSERT_EQ(GpuStreamSynchronize(stream), kGpuSuccess);
+  ASSERT_EQ(GpuEventSynchronize(after), kGpuSuccess);
+  std::vector<uint32_t> host(2);
+  ASSERT_EQ(GpuMemcpy(host.data(), out, 2 * sizeof(uint32_t)), kGpuSuccess);
+  EXPECT_EQ(host[0], 0xC0FFEEu);
+  EXPECT_EQ(host[1], 0xC0FFEEu + 1);
+  EXPECT_EQ(GpuEventDestroy(after), kGpuSuccess);
+  EXPECT_EQ(GpuStreamDestroy(stream), kGpuSuccess);
+  EXPECT_EQ(GpuFree(out), kGpuSuccess);
+  EXPECT_EQ(GpuFreeHost(flag), kGpuSuccess);
+}
+#endif
 
 }  // namespace
 }  // namespace mori::core

@@ -175,6 +175,7 @@ enum GpuStatus : int {
   kGpuErrorLaunchFailure = 5,     // a kernel thread trapped (device assert, bounded wait ran out)
   kGpuErrorInvalidConfiguration = 6,
   kGpuErrorNotSupported = 7,
+  kGpuErrorTimeout = 8,  // a stream, event or device synchronisation outlived its bound (a kernel that never ends)
 };
 
 struct HostStream;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mori/core/dma_copy.hpp"
+#include "mori/core/env.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/kernel.hpp"
 #include "mori/core/logging.hpp"
@@ -110,10 +111,11 @@ struct HostStream {
     cv.notify_all();
   }
 
-  // Waits until everything enqueued so far has run; returns (and clears) the first failure.
-  GpuStatus Synchronize() {
+  // Waits until everything enqueued so far has run, or until `deadline` (kGpuErrorTimeout); returns (and
+  // clears) the first failure.
+  GpuStatus Synchronize(std::chrono::steady_clock::time_point deadline) {
     std::unique_lock<std::mutex> lock(mutex);
-    cv.wait(lock, [&] { return queue.empty() && !busy; });
+    if (!cv.wait_until(lock, deadline, [&] { return queue.empty() && !busy; })) return kGpuErrorTimeout;
     GpuStatus s = error;
     error = kGpuSuccess;
     return s;
@@ -193,6 +195,34 @@ HostStream* Resolve(GpuStream s) { return s == nullptr ? DefaultStream() : s; }
 GpuStatus Fail(GpuStatus s) {
   tlsLastError = s;
   return s;
+}
+
+// How long a synchronisation waits. Kernels bound each of their own waits by MORI_TIMEOUT_S, so work still
+// running after twice that and 10 s more is a kernel that never ends, and the caller gets kGpuErrorTimeout
+// instead of waiting with it forever.
+double SyncBoundSeconds() {
+  double s = 120;
+  try {
+    s = TimeoutSeconds();
+  } catch (const std::exception&) {  // a malformed MORI_TIMEOUT_S is reported where it is used
+  }
+  return 2 * s + 10;
+}
+
+std::chrono::steady_clock::time_point SyncDeadline() {
+  return std::chrono::steady_clock::now() +
+         std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(SyncBoundSeconds()));
+}
+
+GpuStatus TimedOut(const char* what) {
+  MORI_LOG_ERROR(Gpu, "%s: the HOST work it waits for has not finished after %.0f s (a kernel that never ends?)", what,
+                 SyncBoundSeconds());
+  return Fail(kGpuErrorTimeout);
+}
+
+GpuStatus SynchronizeDefault(const char* what) {
+  GpuStatus st = DefaultStream()->Synchronize(SyncDeadline());
+  return st == kGpuErrorTimeout ? TimedOut(what) : st;
 }
 
 }  // namespace
@@ -358,7 +388,7 @@ GpuStatus GpuMemcpyAsync(void* dst, const void* src, size_t n, GpuStream s) {
 // Synchronous copies and sets are ordered after the default stream's earlier work, as on a GPU.
 GpuStatus GpuMemcpy(void* dst, const void* src, size_t n) {
   GpuStatus s = GpuMemcpyAsync(dst, src, n, nullptr);
-  return s != kGpuSuccess ? s : DefaultStream()->Synchronize();
+  return s != kGpuSuccess ? s : SynchronizeDefault("GpuMemcpy");
 }
 
 GpuStatus GpuMemsetAsync(void* p, int v, size_t n, GpuStream s) {
@@ -372,7 +402,7 @@ GpuStatus GpuMemsetAsync(void* p, int v, size_t n, GpuStream s) {
 
 GpuStatus GpuMemset(void* p, int v, size_t n) {
   GpuStatus s = GpuMemsetAsync(p, v, n, nullptr);
-  return s != kGpuSuccess ? s : DefaultStream()->Synchronize();
+  return s != kGpuSuccess ? s : SynchronizeDefault("GpuMemset");
 }
 
 GpuStatus GpuStreamCreate(GpuStream* s) {
@@ -391,7 +421,10 @@ GpuStatus GpuStreamDestroy(GpuStream s) {
     std::lock_guard<std::mutex> lock(r.mutex);
     if (s == r.defaultStream || r.streams.erase(s) == 0) return Fail(kGpuErrorInvalidValue);
   }
-  s->Synchronize();
+  if (s->Synchronize(SyncDeadline()) == kGpuErrorTimeout) {
+    // Its worker still runs a kernel: the stream is left to it (forgotten, not deleted).
+    return TimedOut("GpuStreamDestroy");
+  }
   {
     // A GpuDeviceSynchronize on another thread may still hold it: the last holder deletes it then.
     StreamRegistry& r = Registry();
@@ -405,7 +438,10 @@ GpuStatus GpuStreamDestroy(GpuStream s) {
   return kGpuSuccess;
 }
 
-GpuStatus GpuStreamSynchronize(GpuStream s) { return Resolve(s)->Synchronize(); }
+GpuStatus GpuStreamSynchronize(GpuStream s) {
+  GpuStatus st = Resolve(s)->Synchronize(SyncDeadline());
+  return st == kGpuErrorTimeout ? TimedOut("GpuStreamSynchronize") : st;
+}
 
 GpuStatus GpuStreamQuery(GpuStream s) { return Resolve(s)->Query(); }
 
@@ -419,8 +455,9 @@ GpuStatus GpuDeviceSynchronize() {
     for (HostStream* s : all) ++s->pins;
   }
   GpuStatus first = kGpuSuccess;
+  const auto deadline = SyncDeadline();  // one bound for all the streams
   for (HostStream* s : all) {
-    GpuStatus st = s->Synchronize();
+    GpuStatus st = s->Synchronize(deadline);
     if (first == kGpuSuccess) first = st;
     bool last = false;
     {
@@ -430,7 +467,7 @@ GpuStatus GpuDeviceSynchronize() {
     }
     if (last) delete s;
   }
-  return first;
+  return first == kGpuErrorTimeout ? TimedOut("GpuDeviceSynchronize") : first;
 }
 
 GpuStatus GpuEventCreate(GpuEvent* e) {
@@ -441,7 +478,8 @@ GpuStatus GpuEventCreate(GpuEvent* e) {
 
 GpuStatus GpuEventDestroy(GpuEvent e) {
   if (e == nullptr) return Fail(kGpuErrorInvalidValue);
-  GpuEventSynchronize(e);
+  // Not deleted while a stream may still record it.
+  if (GpuEventSynchronize(e) == kGpuErrorTimeout) return kGpuErrorTimeout;
   delete e;
   return kGpuSuccess;
 }
@@ -466,7 +504,10 @@ GpuStatus GpuEventRecord(GpuEvent e, GpuStream s) {
 GpuStatus GpuEventSynchronize(GpuEvent e) {
   if (e == nullptr) return Fail(kGpuErrorInvalidValue);
   std::unique_lock<std::mutex> lock(e->mutex);
-  e->cv.wait(lock, [&] { return e->done; });
+  if (!e->cv.wait_until(lock, SyncDeadline(), [&] { return e->done; })) {
+    lock.unlock();
+    return TimedOut("GpuEventSynchronize");
+  }
   return kGpuSuccess;
 }
 
@@ -501,6 +542,8 @@ const char* GpuGetErrorString(GpuStatus s) {
     case kGpuErrorLaunchFailure: return "kernel failed: a HOST kernel thread trapped (see the log above)";
     case kGpuErrorInvalidConfiguration: return "invalid launch configuration";
     case kGpuErrorNotSupported: return "operation not supported";
+    case kGpuErrorTimeout:
+      return "timed out: a HOST kernel ran longer than twice MORI_TIMEOUT_S and 10 s (see the log above)";
   }
   return "unknown error";
 }
