@@ -625,6 +625,51 @@ TEST(TcpLinkMp, ReadsBeyondTheWindowAreRefused) {
   });
 }
 
+// Closing a link whose receiver is stuck (in a copy into GPU memory that never ends; here a test hook that
+// blocks until released) returns within MORI_TIMEOUT_S and the goodbyes' bound, leaving the link's state to
+// the stuck thread instead of waiting for it forever; the thread ends once it is let go. Before, the
+// destructor joined it without a bound.
+TEST(TcpLinkMp, ClosingALinkWhoseReceiverIsStuckReturnsWithinTheTimeout) {
+  const size_t bytes = 64 << 10;
+  RunPair([&](int rank, Bootstrap& b) {
+    test::ScopedEnv timeout("MORI_TIMEOUT_S", "2");
+    const int peer = 1 - rank;
+    Mem target(bytes, false);
+    target.Fill(rank, 21);
+    uint32_t peerKey = Swap(b, peer, target.Key(), 2);
+    auto stuck = std::make_shared<std::atomic<int>>(0);  // 1: inside the hook, 2: let go
+    TcpLinkOptions options = Options(1);
+    if (rank == 1) {
+      options.beforeApplyForTest = [stuck] {
+        stuck->store(1);
+        Deadline bound = Deadline::After(60);
+        while (stuck->load() != 2 && !bound.Expired()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      };
+    }
+    auto link = TcpLink::Connect(b, peer, 1, options);
+    Mem src(bytes, false);
+    src.Fill(rank, 22);
+    if (rank == 0) link->Write(peerKey, 0, src.Data(), false, bytes);
+    if (rank == 1) {
+      EXPECT_TRUE(WaitUntil([&] { return stuck->load() == 1; })) << "the Write frame never reached the hook";
+      ::testing::internal::CaptureStderr();
+      auto start = std::chrono::steady_clock::now();
+      link.reset();
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::string log = ::testing::internal::GetCapturedStderr();
+      EXPECT_LT(took, 15.0) << "closing the link waited for its stuck receiver";
+      EXPECT_GE(took, 1.5);
+      EXPECT_NE(log.find("1 of 2 channel threads did not end within 4 s"), std::string::npos) << log;
+      stuck->store(2);
+      // Let go, the receiver ends on its own (applying the frame it holds: the registration keeps the target
+      // alive until it lets go of it, so `target`'s deregistration below waits for that).
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    b.Barrier();
+    return 0;
+  });
+}
+
 // Reads larger than a chunk go out a chunk per request and come back whole, into host and device memory.
 TEST(TcpLinkMp, ReadsOfManyChunksComeBackWhole) {
   const size_t bytes = (5 << 20) + 77;

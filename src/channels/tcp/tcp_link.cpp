@@ -195,14 +195,18 @@ struct LinkChannel {
   std::atomic<uint64_t> bytesReceived{0};
   std::thread sender;
   std::thread receiver;
+  std::atomic<bool> senderEnded{false};
+  std::atomic<bool> receiverEnded{false};
 };
 
 class TcpLink::Impl {
  public:
   Impl(const TcpLinkOptions& options, int rank, int peerRank, EstablishedChannels established);
   ~Impl();
-  // Closes the channels (a Close frame each when the link is healthy) and joins the threads; bounded.
-  void Stop();
+  // Closes the channels (a Close frame each when the link is healthy) and joins the threads. `bounded`: waits
+  // for them at most MORI_TIMEOUT_S (and the goodbyes' bound); returns false when a thread is still inside
+  // then (stuck in a GPU copy): the threads are detached and this Impl must be left to them, not destroyed.
+  bool Stop(bool bounded = true);
 
   void Write(uint32_t dstKey, uint64_t dstOffset, const void* src, bool srcDevice, uint64_t bytes);
   void WordOp(FrameType type, uint32_t key, uint64_t offset, uint64_t arg0, uint64_t arg1, uint64_t* result);
@@ -236,7 +240,7 @@ class TcpLink::Impl {
   void Goodbye(LinkChannel& ch);
   void FrameDone(LinkChannel& ch, uint64_t seq);
   void Prepared();  // this channel thread's GPU setup is over (done, failed, or skipped by a stop)
-  void ThreadEnded();
+  void ThreadEnded(std::atomic<bool>& ended);
 
   void ReceiverLoop(LinkChannel& ch);
   void RecvExact(LinkChannel& ch, void* data, size_t bytes, bool idle, const Deadline* frame = nullptr);
@@ -325,25 +329,50 @@ TcpLink::Impl::Impl(const TcpLinkOptions& options, int rank, int peerRank, Estab
                                    Prefix(nullptr).c_str(), prepared_, threads, timeoutS_));
     }
   } catch (...) {
-    Stop();
+    Stop(false);  // the constructor cannot leave itself to its threads: waits for them whatever it takes
     throw;
   }
   MORI_LOG_INFO(Net, "Tcp link rank %d <-> rank %d: %zu channels, window %d, chunk %llu bytes", rank_, peerRank_,
                 channels_.size(), options_.windowChunks, static_cast<unsigned long long>(options_.chunkBytes));
 }
 
-TcpLink::Impl::~Impl() { Stop(); }
+TcpLink::Impl::~Impl() { Stop(false); }
 
-void TcpLink::Impl::Stop() {
+bool TcpLink::Impl::Stop(bool bounded) {
   stopping_ = true;
   WakeAll();
-  for (auto& ch : channels_) {
-    if (ch->sender.joinable()) ch->sender.join();
-  }
+  // Senders first (each says goodbye on its socket), then the sockets shut, then the receivers.
+  const Deadline deadline = bounded ? Deadline::After(timeoutS_ + 2 * kGoodbyeSeconds) : Deadline::Never();
+  const auto ended = [&](bool receivers) {
+    std::unique_lock<std::mutex> lock(stateMutex_);
+    while (true) {
+      bool all = true;
+      for (auto& ch : channels_) all = all && ch->senderEnded && (!receivers || ch->receiverEnded);
+      if (all) return true;
+      if (deadline.Expired()) return false;
+      stateCv_.wait_for(lock, std::chrono::milliseconds(kWakeMs));
+    }
+  };
+  const bool sendersEnded = ended(false);
   for (auto& ch : channels_) shutdown(ch->fd.Get(), SHUT_RDWR);
-  for (auto& ch : channels_) {
-    if (ch->receiver.joinable()) ch->receiver.join();
+  if (sendersEnded && ended(true)) {
+    for (auto& ch : channels_) {
+      if (ch->sender.joinable()) ch->sender.join();
+      if (ch->receiver.joinable()) ch->receiver.join();
+    }
+    return true;
   }
+  int stuck = 0;
+  for (auto& ch : channels_) stuck += (ch->senderEnded ? 0 : 1) + (ch->receiverEnded ? 0 : 1);
+  MORI_LOG_ERROR(Net,
+                 "%s%d of %zu channel threads did not end within %.0f s of closing the link (stuck in a GPU copy?); "
+                 "the link's memory and sockets are left to them",
+                 Prefix(nullptr).c_str(), stuck, 2 * channels_.size(), deadline.TotalSeconds());
+  for (auto& ch : channels_) {
+    if (ch->sender.joinable()) ch->sender.detach();
+    if (ch->receiver.joinable()) ch->receiver.detach();
+  }
+  return false;
 }
 
 void TcpLink::Impl::WakeAll() {
@@ -594,7 +623,7 @@ void TcpLink::Impl::SenderLoop(LinkChannel& ch) {
   }
   Goodbye(ch);
   if (!settled) Prepared();  // its setup failed or it stopped first: the constructor need not wait
-  ThreadEnded();
+  ThreadEnded(ch.senderEnded);
 }
 
 void TcpLink::Impl::FrameDone(LinkChannel& ch, uint64_t seq) {
@@ -614,10 +643,11 @@ void TcpLink::Impl::Prepared() {
   stateCv_.notify_all();
 }
 
-void TcpLink::Impl::ThreadEnded() {
+void TcpLink::Impl::ThreadEnded(std::atomic<bool>& ended) {
   {
     std::lock_guard<std::mutex> lock(stateMutex_);
     --running_;
+    ended = true;
   }
   stateCv_.notify_all();
 }
@@ -763,7 +793,7 @@ void TcpLink::Impl::ReceiverLoop(LinkChannel& ch) {
     if (!stopping_) Fail(&ch, ErrorCode::Internal, e.what(), false);
   }
   if (!settled) Prepared();  // its setup failed or it stopped first: the constructor need not wait
-  ThreadEnded();
+  ThreadEnded(ch.receiverEnded);
 }
 
 // Receives exactly `bytes`, bounded by `frame` (the deadline of the frame they belong to) or else by one of
@@ -935,6 +965,7 @@ void TcpLink::Impl::ApplyWrite(LinkChannel& ch, const FrameHeader& h, GpuLane& g
              "Write frame from rank %d carries chunk %llu where chunk %llu was due on this channel; nothing written",
              peerRank_, static_cast<unsigned long long>(h.before), static_cast<unsigned long long>(expected));
   TcpTarget t = Resolve(h, h.length);
+  if (options_.beforeApplyForTest) options_.beforeApplyForTest();
   ReceiveInto(ch, t.Ptr(), t.DeviceMemory(), h.length, gpu);
   t.Release();
   {
@@ -1225,7 +1256,9 @@ std::vector<uint8_t> TcpLink::RecvHandle(Bootstrap& bootstrap, int peerRank, int
   return bytes;
 }
 
-TcpLink::~TcpLink() = default;
+TcpLink::~TcpLink() {
+  if (impl_ && !impl_->Stop()) (void)impl_.release();  // threads still inside it: the Impl stays theirs
+}
 
 void TcpLink::Write(uint32_t dstKey, uint64_t dstOffset, const void* src, bool srcDevice, uint64_t bytes) {
   impl_->Write(dstKey, dstOffset, src, srcDevice, bytes);

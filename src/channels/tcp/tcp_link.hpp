@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@ struct TcpLinkOptions {
   std::vector<std::string> ifnames;  // channel i binds to ifnames[i % size]; empty: see TcpListener
   int device = -1;                   // GPU whose memory the link copies (-1: none named)
   bool receive = true;  // tests only: false parks the receivers, as a peer that stops reading would
+  std::function<void()> beforeApplyForTest;  // tests only: runs in a receiver before it applies a Write frame
 
   // `tcp`'s fields where set, else MORI_TCP_CHANNELS / MORI_TCP_WINDOW / MORI_TCP_CHUNK_SIZE and
   // MORI_SOCKET_IFNAME; throws InvalidUsage naming a value out of range.
