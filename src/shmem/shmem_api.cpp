@@ -266,7 +266,8 @@ int ShmemFinalize() {
       if (taken->KernelsMayStillRun()) {
         // Its kernels may still write into the heap and read the state: both stay, for the process's lifetime.
         MORI_LOG_ERROR(Shmem, "ShmemFinalize: kernels of this PE still run; its heap and state are left in place");
-        (void)taken.release();
+        static auto* kept = new std::vector<std::unique_ptr<Runtime>>();  // never destroyed: reachable, not freed
+        kept->push_back(std::move(taken));
       }
       throw;
     }

@@ -19,6 +19,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "mori/core/atomic.hpp"
 #include "mori/core/env.hpp"
@@ -1257,7 +1258,13 @@ std::vector<uint8_t> TcpLink::RecvHandle(Bootstrap& bootstrap, int peerRank, int
 }
 
 TcpLink::~TcpLink() {
-  if (impl_ && !impl_->Stop()) (void)impl_.release();  // threads still inside it: the Impl stays theirs
+  if (impl_ && !impl_->Stop()) {
+    // Threads are still inside it: the Impl stays theirs, kept (never destroyed) where it stays reachable.
+    static std::mutex mutex;
+    static auto* kept = new std::vector<std::unique_ptr<Impl>>();
+    std::lock_guard<std::mutex> lock(mutex);
+    kept->push_back(std::move(impl_));
+  }
 }
 
 void TcpLink::Write(uint32_t dstKey, uint64_t dstOffset, const void* src, bool srcDevice, uint64_t bytes) {
