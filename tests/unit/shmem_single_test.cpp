@@ -143,6 +143,28 @@ std::string RunBad(int what, uint8_t* heapPtr, size_t bytes) {
   return err;
 }
 
+// Initialises this process as PE `rank` of a 2-PE job from `uid`.
+bool InitPe(const mori_shmem_uniqueid_t& uid, int rank) {
+  mori_shmem_uniqueid_t id = uid;
+  mori_shmem_init_attr_t attr;
+  return ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) == 0 && ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) == 0;
+}
+
+// Runs `pe(uid, rank)` as PE 1 in a forked child and as PE 0 here, with a fresh unique id; both must return 0
+// (`name` is where the codes are explained).
+void RunForkedPair(int (*pe)(const mori_shmem_uniqueid_t&, int), const char* name) {
+  mori_shmem_uniqueid_t uid;
+  ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(pe(uid, 1));
+  int rc = pe(uid, 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(rc, 0) << "PE 0 (see " << name << " for the code)";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "PE 1 status " << status;
+}
+
 class ShmemSingleTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -369,11 +391,7 @@ MORI_GLOBAL void PairValuesKernel(uint16_t* vals, size_t count, uint32_t* bad) {
 }
 
 int RunPair(const mori_shmem_uniqueid_t& uid, int rank) {
-  mori_shmem_uniqueid_t id = uid;
-  mori_shmem_init_attr_t attr;
-  if (ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) != 0 || ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) != 0) {
-    return 10;
-  }
+  if (!InitPe(uid, rank)) return 10;
   const unsigned threads = 4;
   const size_t bytes = threads * 4099;
   auto* dst = static_cast<uint8_t*>(ShmemCalloc(1, bytes));
@@ -425,16 +443,7 @@ TEST_P(ShmemPairTest, EveryFamilyBetweenTwoForkedPes) {
   if (IsSkipped()) return;
   SetTransportFromParam(GetParam());
   setenv("MORI_TIMEOUT_S", "60", 1);
-  mori_shmem_uniqueid_t uid;
-  ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) _exit(RunPair(uid, 1));
-  int rc = RunPair(uid, 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_EQ(rc, 0) << "PE 0 (see RunPair for the code)";
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "PE 1 status " << status;
+  RunForkedPair(RunPair, "RunPair");
   unsetenv("MORI_SHMEM_TRANSPORT");
   unsetenv("MORI_SHMEM_PROXY_CONN");
 }
@@ -454,11 +463,7 @@ MORI_GLOBAL void PutAndLeaveKernel(uint8_t* dst, const uint8_t* src, size_t byte
 }
 
 int RunUnquieted(const mori_shmem_uniqueid_t& uid, int rank) {
-  mori_shmem_uniqueid_t id = uid;
-  mori_shmem_init_attr_t attr;
-  if (ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) != 0 || ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) != 0) {
-    return 10;
-  }
+  if (!InitPe(uid, rank)) return 10;
   const size_t bytes = 65536 + 24;
   auto* dst = static_cast<uint8_t*>(ShmemCalloc(1, bytes));
   auto* src = static_cast<uint8_t*>(ShmemMalloc(bytes));
@@ -484,16 +489,7 @@ TEST_P(ShmemUnquietedTest, TheHostBarrierCompletesPutsAKernelLeftUnquieted) {
   SetTransportFromParam(GetParam());
   setenv("MORI_TIMEOUT_S", "60", 1);
   setenv("MORI_EMULATED_NIC_DELAY_US", "300000", 1);
-  mori_shmem_uniqueid_t uid;
-  ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) _exit(RunUnquieted(uid, 1));
-  int rc = RunUnquieted(uid, 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_EQ(rc, 0) << "PE 0 (see RunUnquieted for the code)";
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "PE 1 status " << status;
+  RunForkedPair(RunUnquieted, "RunUnquieted");
   unsetenv("MORI_EMULATED_NIC_DELAY_US");
   unsetenv("MORI_SHMEM_TRANSPORT");
   unsetenv("MORI_SHMEM_PROXY_CONN");
@@ -530,11 +526,7 @@ MORI_GLOBAL void ProxyBadKernel(int what, uint8_t* heapPtr, uint8_t* outside) {
 }
 
 int RunProxyBad(const mori_shmem_uniqueid_t& uid, int rank) {
-  mori_shmem_uniqueid_t id = uid;
-  mori_shmem_init_attr_t attr;
-  if (ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) != 0 || ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) != 0) {
-    return 10;
-  }
+  if (!InitPe(uid, rank)) return 10;
   if (ShmemTransportType(1 - rank) != TransportType::Proxy) return 11;
   auto* heap = static_cast<uint8_t*>(ShmemCalloc(1, 64));
   core::GpuBuffer outside(64);
@@ -570,16 +562,7 @@ TEST_F(ShmemSingleTest, ProxyBadInputTrapsWithTheCause) {
   setenv("MORI_SHMEM_TRANSPORT", "proxy", 1);
   setenv("MORI_SHMEM_PROXY_CONN", "tcp", 1);
   setenv("MORI_TIMEOUT_S", "60", 1);
-  mori_shmem_uniqueid_t uid;
-  ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) _exit(RunProxyBad(uid, 1));
-  int rc = RunProxyBad(uid, 0);
-  int status = 0;
-  ASSERT_EQ(waitpid(child, &status, 0), child);
-  EXPECT_EQ(rc, 0) << "PE 0 (see RunProxyBad for the code)";
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "PE 1 status " << status;
+  RunForkedPair(RunProxyBad, "RunProxyBad");
   unsetenv("MORI_SHMEM_TRANSPORT");
   unsetenv("MORI_SHMEM_PROXY_CONN");
 }
@@ -599,12 +582,7 @@ TEST_F(ShmemSingleTest, ProxyPeerThatDiesFailsTheProxyNamingIt) {
   mori_shmem_uniqueid_t uid;
   ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
   const size_t bytes = 100000;
-  auto start = [&uid](int rank) {
-    mori_shmem_uniqueid_t id = uid;
-    mori_shmem_init_attr_t attr;
-    return ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) == 0 &&
-           ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) == 0;
-  };
+  auto start = [&uid](int rank) { return InitPe(uid, rank); };
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -681,12 +659,7 @@ TEST_F(ShmemSingleTest, AFinalizeWhoseBarrierFailsLeavesNoStateOnTheFreedHeap) {
   setenv("MORI_TIMEOUT_S", "10", 1);
   mori_shmem_uniqueid_t uid;
   ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
-  auto init = [&](int rank) {
-    mori_shmem_uniqueid_t id = uid;
-    mori_shmem_init_attr_t attr;
-    return ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) == 0 &&
-           ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) == 0;
-  };
+  auto init = [&](int rank) { return InitPe(uid, rank); };
   pid_t child = fork();
   ASSERT_GE(child, 0);
   if (child == 0) _exit(init(1) && ShmemCalloc(1, 64) != nullptr ? 0 : 1);  // leaves without finalizing
