@@ -2,6 +2,8 @@
 // unique ids from UniqueIdFromAddress, RegisteredMemory bytes from SerializeRegisteredMemory, TCP handles from
 // EncodeHandle and frames from MakeFrame, emulated NIC headers from MakePacketHeader.
 // Usage: fuzz_seed_corpus DIR (scripts/fuzz.sh does not run it; the corpora are kept in the tree).
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,8 +13,10 @@
 
 #include "bootstrap_wire.hpp"
 #include "emulated/wire.hpp"
+#include "fuzz_util.hpp"
 #include "mori/core/bootstrap.hpp"
 #include "mori/core/host_topology.hpp"
+#include "mori/core/ipc.hpp"
 #include "registered_memory_impl.hpp"
 #include "tcp/tcp_wire.hpp"
 
@@ -88,8 +92,8 @@ void RegisteredMemorySeeds(const std::string& dir) {
     m.originalData = reinterpret_cast<void*>(uintptr_t{0x7f0012340000});
     m.size = 1 << 20;
     m.ownerRank = 2;
-    m.ownerHostId = mori::core::HostIdentity();
-    m.ownerPid = static_cast<uint64_t>(getpid()) + 1;  // a peer process on this host
+    m.ownerHostId = 0x686f73742d6f6e65ull;  // fixed, so that the seeds do not change between runs
+    m.ownerPid = 4242;
     m.ownerToken = 0x5eed5eed5eedull;
     m.transports = set;
     if (set.Has(Transport::CudaIpc)) {
@@ -169,6 +173,39 @@ void EmulatedSeeds(const std::string& dir) {
   }
 }
 
+// fuzz_fd_channel: a byte of options (1: one descriptor; 4: claim the fuzzing process's pid), then what FdChannel::Send
+// of rank 1 puts on the wire, caught by a plain socket bound at rank 0's name.
+void FdChannelSeeds(const std::string& dir) {
+  int rank0 = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  int n = std::snprintf(addr.sun_path + 1, sizeof(addr.sun_path) - 1, "mori-ipc-%016llx-%d",
+                        static_cast<unsigned long long>(mori::fuzz::kFdChannelJobId), 0);
+  if (rank0 < 0 || bind(rank0, reinterpret_cast<sockaddr*>(&addr),
+                        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n))) {
+    std::perror("fuzz_fd_channel seeds: bind");
+    std::exit(1);
+  }
+  mori::core::FdChannel rank1(mori::fuzz::kFdChannelJobId, 1, {getpid(), getpid()});
+  const char payload[] = "an IpcMemoryHandle or a semaphore's words travel here";
+  int seed = 0;
+  for (size_t bytes : {size_t{0}, size_t{8}, sizeof(payload)}) {
+    for (int fd : {-1, rank0}) {
+      rank1.Send(0, 40 + bytes, fd, payload, bytes);
+      Bytes b(1 + mori::core::FdChannel::kMaxPayload + 64);
+      b[0] = (fd >= 0 ? 1 : 0) | 4;
+      ssize_t got = recv(rank0, b.data() + 1, b.size() - 1, 0);  // a descriptor that came is closed by the kernel
+      if (got < 0) {
+        std::perror("fuzz_fd_channel seeds: recv");
+        std::exit(1);
+      }
+      b.resize(1 + static_cast<size_t>(got));
+      Write(dir, "fuzz_fd_channel", "message_" + std::to_string(seed++) + (fd >= 0 ? "_fd" : ""), b);
+    }
+  }
+  close(rank0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -180,5 +217,6 @@ int main(int argc, char** argv) {
   RegisteredMemorySeeds(argv[1]);
   TcpSeeds(argv[1]);
   EmulatedSeeds(argv[1]);
+  FdChannelSeeds(argv[1]);
   return 0;
 }

@@ -11,6 +11,9 @@
 
 namespace mori::fuzz {
 
+// The job id of fuzz_fd_channel's ranks: fixed, so that the seed corpus's messages are that job's.
+constexpr uint64_t kFdChannelJobId = 0x66757a7a6a6f6221ull;
+
 // Reads the input front to back; what runs past the end reads as zero bytes, so every input is usable.
 class FuzzInput {
  public:
