@@ -65,6 +65,24 @@ if(NOT MORI_SANITIZE STREQUAL "")
   target_link_options(mori_build_flags INTERFACE ${_mori_san})
 endif()
 
+# Fuzz builds instrument every mori library for libFuzzer's coverage feedback; only the fuzz targets themselves
+# link libFuzzer's main (fuzz/CMakeLists.txt).
+if(MORI_BUILD_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID MATCHES "Clang")
+    message(FATAL_ERROR "mori: MORI_BUILD_FUZZ needs clang (libFuzzer), not ${CMAKE_CXX_COMPILER_ID} "
+                        "${CMAKE_CXX_COMPILER}; configure a build directory of its own with "
+                        "CC=clang-14 CXX=clang++-14 (scripts/fuzz.sh does)")
+  endif()
+  if(NOT MORI_BACKEND STREQUAL "HOST")
+    message(FATAL_ERROR "mori: MORI_BUILD_FUZZ needs MORI_GPU_BACKEND=HOST, not ${MORI_BACKEND}")
+  endif()
+  if(MORI_SANITIZE STREQUAL "")
+    message(WARNING "mori: MORI_BUILD_FUZZ without MORI_SANITIZE: the fuzz targets find crashes only, not memory "
+                    "errors (scripts/fuzz.sh uses MORI_SANITIZE=address,undefined)")
+  endif()
+  target_compile_options(mori_build_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=fuzzer-no-link>)
+endif()
+
 # Sources that hold device code (kernels, or device functions instantiated there) are compiled by the GPU
 # compiler on CUDA; on HIP every source already goes through hipcc, and on HOST through the C++ compiler.
 function(mori_device_sources)

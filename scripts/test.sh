@@ -6,12 +6,13 @@
 #   3. compile-checks the HIP backend;
 #   4. builds the HOST backend with ASan+UBSan and runs the tests again;
 #   5. builds it with TSan and runs the tests again (except the 100k-WQE queue-depth tests, too slow there,
-#      and the mpirun-launched ones: Open MPI itself is not TSan-clean).
-# Steps can be chosen: test.sh host cuda hip asan tsan (default: all).
+#      and the mpirun-launched ones: Open MPI itself is not TSan-clean);
+#   6. builds the libFuzzer targets with clang and runs each for 45 s on its seed corpus (scripts/fuzz.sh).
+# Steps can be chosen: test.sh host cuda hip asan tsan fuzz (default: all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(host cuda hip asan tsan)
+[ ${#steps[@]} -eq 0 ] && steps=(host cuda hip asan tsan fuzz)
 want() { [[ " ${steps[*]} " == *" $1 "* ]]; }
 hip_flag=""
 want hip && hip_flag=--hip
@@ -82,6 +83,21 @@ if want tsan; then
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   build tsan build-ci-tsan -DMORI_GPU_BACKEND=HOST -DMORI_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug \
     -DMORI_BUILD_EXAMPLES=OFF -DMORI_BUILD_BENCH=OFF && run_ctest tsan build-ci-tsan -E "Depths/|mpi_"
+fi
+if want fuzz; then
+  echo "== fuzz"
+  fuzz_start=$SECONDS
+  ./scripts/fuzz.sh 45 build-ci-fuzz > build-ci-fuzz.log 2>&1
+  rc=$?
+  grep -E '^fuzz_|^fuzz: ' build-ci-fuzz.log
+  crashes=$(grep -c 'CRASHED' build-ci-fuzz.log)
+  if [ $rc -eq 0 ]; then
+    summary+=("fuzz: no crash, 45 s per target ($((SECONDS - fuzz_start)) s with the build)")
+  else
+    summary+=("fuzz: $crashes target(s) crashed, or the build failed (build-ci-fuzz.log)")
+    failed+=("fuzz")
+    tail -n 80 build-ci-fuzz.log
+  fi
 fi
 
 echo

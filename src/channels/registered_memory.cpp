@@ -162,7 +162,13 @@ std::shared_ptr<RegisteredMemory::Impl> ParseRegisteredMemory(const std::vector<
   m->size = r.Get<uint64_t>("size");
   auto bits = r.Get<uint32_t>("transport flags");
   auto device = r.Get<uint8_t>("device memory flag");
-  for (int i = 0; i < 3; ++i) r.Get<uint8_t>("padding");
+  // Zero fields and the entries' order are checked too: the format has one encoding per memory (Serialize of what
+  // was parsed gives back the same bytes), so nothing can ride along in bytes that the checks skip.
+  for (int i = 0; i < 3; ++i) {
+    auto pad = r.Get<uint8_t>("padding");
+    MORI_CHECK(pad == 0, ErrorCode::Protocol, "registered memory bytes: header padding byte %d is 0x%02x, not 0", i,
+               pad);
+  }
   m->ownerToken = r.Get<uint64_t>("owner process token");
   MORI_CHECK(m->ownerRank >= -1, ErrorCode::Protocol, "registered memory bytes: owner rank %d", m->ownerRank);
   MORI_CHECK(m->size > 0, ErrorCode::Protocol, "registered memory bytes: size 0 (rank %d, pointer %p)", m->ownerRank,
@@ -177,6 +183,7 @@ std::shared_ptr<RegisteredMemory::Impl> ParseRegisteredMemory(const std::vector<
              "registered memory bytes: transport flags 0x%x name no transport or unknown ones", bits);
 
   TransportFlags seen;
+  uint32_t lastType = 0;
   for (uint16_t e = 0; e < count; ++e) {
     auto type = r.Get<uint32_t>("entry type");
     auto length = r.Get<uint32_t>("entry length");
@@ -184,6 +191,10 @@ std::shared_ptr<RegisteredMemory::Impl> ParseRegisteredMemory(const std::vector<
                ErrorCode::Protocol, "registered memory bytes: entry %u names unknown transport %u", e, type);
     auto t = static_cast<Transport>(type);
     MORI_CHECK(!seen.Has(t), ErrorCode::Protocol, "registered memory bytes: duplicate entry for %s", TransportName(t));
+    MORI_CHECK(type > lastType, ErrorCode::Protocol,
+               "registered memory bytes: the %s entry comes after the %s entry (entries go in transport order)",
+               TransportName(t), TransportName(static_cast<Transport>(lastType)));
+    lastType = type;
     seen |= t;
     MORI_CHECK(m->transports.Has(t), ErrorCode::Protocol,
                "registered memory bytes: entry for %s, which the transport flags (%s) do not name", TransportName(t),
@@ -210,7 +221,9 @@ std::shared_ptr<RegisteredMemory::Impl> ParseRegisteredMemory(const std::vector<
       reg.lkey = r.Get<uint32_t>("lkey");
       reg.rkey = r.Get<uint32_t>("rkey");
       reg.backend = r.Get<uint32_t>("NIC backend");
-      r.Get<uint32_t>("padding");
+      auto pad = r.Get<uint32_t>("padding");
+      MORI_CHECK(pad == 0, ErrorCode::Protocol, "registered memory bytes: the %s entry's padding is 0x%x, not 0",
+                 TransportName(t), pad);
       MORI_CHECK(reg.addr == reinterpret_cast<uintptr_t>(m->originalData), ErrorCode::Protocol,
                  "registered memory bytes: the %s entry's address 0x%llx is not the memory's pointer %p",
                  TransportName(t), static_cast<unsigned long long>(reg.addr), m->originalData);

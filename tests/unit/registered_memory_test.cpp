@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -318,6 +319,26 @@ TEST(RegisteredMemoryWire, FieldValuesThatCannotBe) {
   b = AllBytes();
   Poke<uint32_t>(b, kTcpEntry + 8, 0);
   ExpectRejected(b, "TCP key 0");
+}
+
+// Found by fuzz_registered_memory: bytes that differ from Serialize's only in fields the parser skipped were
+// accepted, so one memory had many encodings. Every accepted input now serializes back to itself.
+TEST(RegisteredMemoryWire, OnlyTheCanonicalEncodingIsAccepted) {
+  const std::vector<uint8_t> all = AllBytes();
+  EXPECT_EQ(SerializeRegisteredMemory(*ParseRegisteredMemory(all)), all);
+
+  std::vector<uint8_t> b = all;
+  b[55] = 0x4e;  // the fuzzer's input: the last header padding byte set
+  ExpectRejected(b, "header padding byte 2 is 0x4e");
+
+  b = all;
+  Poke<uint32_t>(b, kIb3Entry + 8 + 20, 0x5a5a);
+  ExpectRejected(b, "the IB3 entry's padding is 0x5a5a");
+
+  b = all;  // IB3's entry before IB0's: same transports, same fields, another order
+  std::copy(all.begin() + kIb3Entry, all.begin() + kTcpEntry, b.begin() + kIb0Entry);
+  std::copy(all.begin() + kIb0Entry, all.begin() + kIb3Entry, b.begin() + kIb3Entry);
+  ExpectRejected(b, "the IB0 entry comes after the IB3 entry");
 }
 
 TEST(RegisteredMemoryWire, EmptyMemoryIsAnErrorNotACrash) {

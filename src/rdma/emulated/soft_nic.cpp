@@ -1100,7 +1100,7 @@ void SoftNic::ReadLink(Link& link) {
 // An accepted connection's first packet must be a hello that names this NIC's nonce; a second hello, or a hello
 // on a connection this NIC opened, is as wrong. Returns whether the link goes on.
 bool SoftNic::Greet(Link& link, const PacketHeader& h) {
-  if (!link.greeted && IsHello(h.type) && h.raddr == nonce_ && h.swapAdd != 0) {
+  if (!link.greeted && HelloAdmits(h, nonce_)) {
     link.greeted = true;
     link.peerNonce = h.swapAdd;
     return true;

@@ -63,4 +63,9 @@ inline uint64_t PayloadBytes(const PacketHeader& h) {
 // Empty when the header is well formed, else why not.
 std::string CheckPacketHeader(const PacketHeader& h);
 
+// Whether `h` is a hello that a NIC whose nonce is `myNonce` admits: it names that nonce and its sender's own.
+inline bool HelloAdmits(const PacketHeader& h, uint64_t myNonce) {
+  return IsHello(h.type) && h.raddr == myNonce && h.swapAdd != 0;
+}
+
 }  // namespace mori::rdma::emulated

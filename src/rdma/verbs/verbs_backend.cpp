@@ -108,7 +108,7 @@ class GpuVisibleRange {
  private:
   void* base_ = nullptr;
   void* device_ = nullptr;
-  bool registered_ = false;
+  [[maybe_unused]] bool registered_ = false;  // read on GPU backends only
 };
 
 class VerbsContext : public RdmaDeviceContext {

@@ -1,0 +1,222 @@
+// Writes the fuzz targets' seed corpora (fuzz/corpus/<target>/) from messages that mori's own encoders produce:
+// unique ids from UniqueIdFromAddress, RegisteredMemory bytes from SerializeRegisteredMemory, TCP handles from
+// EncodeHandle and frames from MakeFrame, emulated NIC headers from MakePacketHeader.
+// Usage: fuzz_seed_corpus DIR (scripts/fuzz.sh does not run it; the corpora are kept in the tree).
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "bootstrap_wire.hpp"
+#include "emulated/wire.hpp"
+#include "fuzz_util.hpp"
+#include "mori/core/bootstrap.hpp"
+#include "mori/core/host_topology.hpp"
+#include "mori/core/ipc.hpp"
+#include "registered_memory_impl.hpp"
+#include "tcp/tcp_wire.hpp"
+
+namespace {
+
+using Bytes = std::vector<uint8_t>;
+namespace bw = mori::core::bootstrap_wire;
+namespace tcp = mori::core::tcp;
+namespace em = mori::rdma::emulated;
+using mori::core::Transport;
+using mori::core::TransportFlags;
+
+template <typename T>
+void Append(Bytes& out, const T& value) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&value);
+  out.insert(out.end(), p, p + sizeof(T));
+}
+
+void Write(const std::string& dir, const std::string& target, const std::string& name, const Bytes& bytes) {
+  const std::string path = dir + "/" + target + "/" + name;
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr || std::fwrite(bytes.data(), 1, bytes.size(), f) != bytes.size() || std::fclose(f) != 0) {
+    std::perror(path.c_str());
+    std::exit(1);
+  }
+}
+
+// fuzz_bootstrap_id: id, frame header, hello, world size.
+void BootstrapSeeds(const std::string& dir) {
+  const char* roots[] = {"127.0.0.1:29500", "[::1]:29501"};
+  const bw::FrameType types[] = {bw::FrameType::Hello, bw::FrameType::Table, bw::FrameType::Abort, bw::FrameType::Data,
+                                 bw::FrameType::Collective};
+  int n = 0;
+  for (const char* root : roots) {
+    mori::core::UniqueId id = mori::core::SocketBootstrap::UniqueIdFromAddress(root);
+    bw::UniqueIdLayout layout;
+    std::memcpy(&layout, id.bytes, sizeof(layout));
+    for (bw::FrameType type : types) {
+      bw::FrameHeader h{bw::kFrameMagic,
+                        bw::kVersion,
+                        static_cast<uint16_t>(type),
+                        1,
+                        7,
+                        type == bw::FrameType::Hello ? sizeof(bw::HelloPayload) : 4096};
+      bw::HelloPayload hello{};
+      hello.nonce = layout.nonce;
+      hello.rank = 1;
+      hello.nRanks = 4;
+      hello.purpose =
+          static_cast<uint32_t>(type == bw::FrameType::Hello ? bw::HelloPurpose::Register : bw::HelloPurpose::Data);
+      hello.listen = layout.root;
+      Bytes b;
+      Append(b, id);
+      Append(b, h);
+      Append(b, hello);
+      Append(b, int32_t{4});
+      Write(dir, "fuzz_bootstrap_id", "id_" + std::to_string(n++) + "_" + bw::FrameTypeName(h.type), b);
+    }
+  }
+}
+
+// fuzz_registered_memory: Serialize's bytes for one transport of each kind and for several at once.
+void RegisteredMemorySeeds(const std::string& dir) {
+  const TransportFlags sets[] = {Transport::CudaIpc,
+                                 Transport::IB0,
+                                 Transport::Tcp,
+                                 Transport::Emulated,
+                                 TransportFlags(Transport::CudaIpc) | Transport::IB3 | Transport::Tcp,
+                                 TransportFlags(Transport::IB0) | Transport::IB1 | Transport::Emulated};
+  int n = 0;
+  for (TransportFlags set : sets) {
+    mori::core::RegisteredMemory::Impl m;
+    m.originalData = reinterpret_cast<void*>(uintptr_t{0x7f0012340000});
+    m.size = 1 << 20;
+    m.ownerRank = 2;
+    m.ownerHostId = 0x686f73742d6f6e65ull;  // fixed, so that the seeds do not change between runs
+    m.ownerPid = 4242;
+    m.ownerToken = 0x5eed5eed5eedull;
+    m.transports = set;
+    if (set.Has(Transport::CudaIpc)) {
+      m.hasIpc = true;
+      m.ipcHandle.magic = 0x4d495043;
+      m.ipcHandle.kind = static_cast<uint32_t>(mori::core::IpcMemoryKind::HostMemfd);
+      m.ipcHandle.ownerRank = 2;
+      m.ipcHandle.ownerPid = m.ownerPid;
+      m.ipcHandle.allocationBytes = 4 << 20;
+      m.ipcHandle.offset = 1 << 20;
+      m.ipcHandle.bytes = m.size;
+    }
+    for (int i = 0; i < mori::core::kNumTransports; ++i) {
+      auto t = static_cast<Transport>(i);
+      if (!set.Has(t) || !mori::core::IsRdmaTransport(t)) continue;
+      mori::core::RdmaRegistration& r = m.rdma[static_cast<size_t>(mori::core::RdmaSlotOf(t))];
+      r.valid = true;
+      r.addr = reinterpret_cast<uintptr_t>(m.originalData);
+      r.lkey = 0x1100u + static_cast<uint32_t>(i);
+      r.rkey = 0x2200u + static_cast<uint32_t>(i);
+      r.backend = t == Transport::Emulated ? 2 : 1;
+    }
+    if (set.Has(Transport::Tcp)) {
+      m.hasTcp = true;
+      m.tcpKey = 41;
+    }
+    Write(dir, "fuzz_registered_memory", "memory_" + std::to_string(n++), mori::core::SerializeRegisteredMemory(m));
+  }
+}
+
+// fuzz_tcp_wire: u16 handle length, handle, frames, hello.
+void TcpSeeds(const std::string& dir) {
+  for (int channels : {1, 4}) {
+    tcp::TcpHandle handle;
+    handle.nonce = 0x1234567890abcdefull;
+    handle.rank = 1;
+    for (int c = 0; c < channels; ++c) {
+      handle.addresses.push_back(mori::core::net::SocketAddress::Parse(c % 2 == 0 ? "127.0.0.1:40001" : "[::1]:40002"));
+    }
+    Bytes encoded = tcp::EncodeHandle(handle);
+    for (uint16_t type = 1; type <= tcp::kLastFrameType; ++type) {
+      Bytes b;
+      Append(b, static_cast<uint16_t>(encoded.size()));
+      b.insert(b.end(), encoded.begin(), encoded.end());
+      tcp::FrameHeader f = tcp::MakeFrame(static_cast<tcp::FrameType>(type));
+      f.key = 3;
+      f.seq = tcp::IsOrderedFrame(type) ? 5 : 0;
+      f.length = type == 1 ? sizeof(tcp::HelloPayload) : (type == 3 || type == 9) ? 4096 : type == 11 ? 16 : 0;
+      f.arg0 = type == 7 ? 4096 : 0;
+      Append(b, f);
+      tcp::HelloPayload hello{0x1234567890abcdefull + 1, handle.nonce, 0, static_cast<uint32_t>(channels), 1, 0};
+      Append(b, hello);
+      Write(dir, "fuzz_tcp_wire", "channels" + std::to_string(channels) + "_" + tcp::FrameTypeName(type), b);
+    }
+  }
+}
+
+// fuzz_emulated_wire: the receiver's nonce, a hello, then one packet of each type.
+void EmulatedSeeds(const std::string& dir) {
+  const uint64_t nonce = 0x0badc0ffee0ddf00ull;
+  for (uint8_t type = 1; type <= static_cast<uint8_t>(em::PacketType::Hello); ++type) {
+    Bytes b;
+    Append(b, nonce);
+    em::PacketHeader hello = em::MakePacketHeader(em::PacketType::Hello);
+    hello.raddr = nonce;
+    hello.swapAdd = 0x1122334455667788ull;
+    Append(b, hello);
+    em::PacketHeader h = em::MakePacketHeader(static_cast<em::PacketType>(type));
+    h.srcQpn = 0x1100;
+    h.dstQpn = 0x2200;
+    h.psn = 9;
+    h.rkey = 0x2203;
+    h.raddr = 0x7f0012340000ull;
+    h.length = (type == 1 || type == 2 || type == 4 || type == 6) ? 256 : 0;
+    Append(b, h);
+    Write(dir, "fuzz_emulated_wire", "hello_then_type" + std::to_string(type), b);
+  }
+}
+
+// fuzz_fd_channel: a byte of options (1: one descriptor; 4: claim the fuzzing process's pid), then what FdChannel::Send
+// of rank 1 puts on the wire, caught by a plain socket bound at rank 0's name.
+void FdChannelSeeds(const std::string& dir) {
+  int rank0 = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  int n = std::snprintf(addr.sun_path + 1, sizeof(addr.sun_path) - 1, "mori-ipc-%016llx-%d",
+                        static_cast<unsigned long long>(mori::fuzz::kFdChannelJobId), 0);
+  if (rank0 < 0 || bind(rank0, reinterpret_cast<sockaddr*>(&addr),
+                        static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n))) {
+    std::perror("fuzz_fd_channel seeds: bind");
+    std::exit(1);
+  }
+  mori::core::FdChannel rank1(mori::fuzz::kFdChannelJobId, 1, {getpid(), getpid()});
+  const char payload[] = "an IpcMemoryHandle or a semaphore's words travel here";
+  int seed = 0;
+  for (size_t bytes : {size_t{0}, size_t{8}, sizeof(payload)}) {
+    for (int fd : {-1, rank0}) {
+      rank1.Send(0, 40 + bytes, fd, payload, bytes);
+      Bytes b(1 + mori::core::FdChannel::kMaxPayload + 64);
+      b[0] = (fd >= 0 ? 1 : 0) | 4;
+      ssize_t got = recv(rank0, b.data() + 1, b.size() - 1, 0);  // a descriptor that came is closed by the kernel
+      if (got < 0) {
+        std::perror("fuzz_fd_channel seeds: recv");
+        std::exit(1);
+      }
+      b.resize(1 + static_cast<size_t>(got));
+      Write(dir, "fuzz_fd_channel", "message_" + std::to_string(seed++) + (fd >= 0 ? "_fd" : ""), b);
+    }
+  }
+  close(rank0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR (with a directory per target)\n", argv[0]);
+    return 2;
+  }
+  BootstrapSeeds(argv[1]);
+  RegisteredMemorySeeds(argv[1]);
+  TcpSeeds(argv[1]);
+  EmulatedSeeds(argv[1]);
+  FdChannelSeeds(argv[1]);
+  return 0;
+}

@@ -1,0 +1,52 @@
+// Helpers shared by the fuzz targets: taking fixed-size wire structs from the fuzzer's bytes, and the check that
+// turns a broken property into a finding (abort, so libFuzzer keeps the input).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+namespace mori::fuzz {
+
+// The job id of fuzz_fd_channel's ranks: fixed, so that the seed corpus's messages are that job's.
+constexpr uint64_t kFdChannelJobId = 0x66757a7a6a6f6221ull;
+
+// Reads the input front to back; what runs past the end reads as zero bytes, so every input is usable.
+class FuzzInput {
+ public:
+  FuzzInput(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+
+  template <typename T>
+  T Take() {
+    static_assert(std::is_trivially_copyable_v<T>, "only wire structs are taken from the input");
+    T value;
+    std::memset(&value, 0, sizeof(value));
+    size_t n = sizeof(T) < Left() ? sizeof(T) : Left();
+    if (n > 0) std::memcpy(&value, data_ + offset_, n);
+    offset_ += n;
+    return value;
+  }
+  size_t Left() const { return size_ - offset_; }
+  const uint8_t* Rest() const { return data_ + offset_; }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t offset_ = 0;
+};
+
+}  // namespace mori::fuzz
+
+// A property of the parser that must hold for every input: print it and abort.
+#define MORI_FUZZ_ASSERT(cond, ...)                                                           \
+  do {                                                                                        \
+    if (!(cond)) {                                                                            \
+      std::fprintf(stderr, "fuzz property failed at %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                                      \
+      std::fprintf(stderr, "\n");                                                             \
+      std::abort();                                                                           \
+    }                                                                                         \
+  } while (0)
