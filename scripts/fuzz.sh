@@ -2,6 +2,8 @@
 # Builds mori's libFuzzer targets (fuzz/, docs/FUZZ.md) with clang, ASan and UBSan, and runs each for a bounded
 # time on a copy of its seed corpus (fuzz/corpus/<target>; what a run adds stays in the copy).
 #   fuzz.sh [SECONDS_PER_TARGET] [BUILD_DIR]     defaults: 60, build-fuzz
+# FUZZ_SEED: libFuzzer's random seed (default 1, so that a run repeats the mutations of the last one on the same
+# corpus and a CI result does not depend on luck; FUZZ_SEED=0 lets libFuzzer pick one, for longer searches).
 # Prints executions, executions per second and the outcome per target; a crash keeps its input (the path is
 # printed) and makes the script exit 1.
 set -uo pipefail
@@ -39,8 +41,8 @@ for t in "${targets[@]}"; do
   rm -rf "$run"
   mkdir -p "$run/corpus" "$run/artifacts"
   cp fuzz/corpus/"$t"/* "$run/corpus/" 2>/dev/null
-  "$dir/fuzz/$t" -max_total_time="$seconds" -timeout=10 -print_final_stats=1 -artifact_prefix="$run/artifacts/" \
-    "$run/corpus" > "$run/log" 2>&1
+  "$dir/fuzz/$t" -max_total_time="$seconds" -timeout=10 -seed="${FUZZ_SEED:-1}" -print_final_stats=1 \
+    -artifact_prefix="$run/artifacts/" "$run/corpus" > "$run/log" 2>&1
   rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$run/log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$run/log" | tail -1)
