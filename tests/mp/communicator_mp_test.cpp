@@ -90,6 +90,7 @@ TEST_F(CommunicatorMp, RegisteredMemoryTravelsAndSameHostMemoryArrivesMapped) {
     std::vector<uint8_t> host(total);
     FillPattern(host.data(), total, rank, 11);
     MORI_CHECK_GPU(GpuMemcpy(buf.Data(), host.data(), total));
+    MORI_CHECK_GPU(GpuDeviceSynchronize());  // landed before a peer may write (pageable copies return early)
     const TransportFlags all = Transport::CudaIpc | Transport::Emulated | Transport::Tcp;
     RegisteredMemory mem = r.comm->RegisterMemory(buf.Data(), total, all);
     EXPECT_TRUE(mem.IsLocal());

@@ -222,6 +222,7 @@ struct End {
   }
   void Write(uint64_t offset, const uint8_t* data, size_t bytes) {
     MORI_CHECK_GPU(GpuMemcpy(buffer.DataAs<uint8_t>() + offset, data, bytes));
+    MORI_CHECK_GPU(GpuDeviceSynchronize());  // landed before a peer may write (pageable copies return early)
   }
   std::vector<uint8_t> Contents() const {
     std::vector<uint8_t> v(buffer.Bytes());
@@ -518,6 +519,7 @@ void PacketStreamBothWays() {
     MORI_CHECK_GPU(GpuMemset(e->buffer.Data(), 0, kTotal));
     GpuBuffer counter(sizeof(unsigned));
     MORI_CHECK_GPU(GpuMemset(counter.Data(), 0, counter.Bytes()));
+    MORI_CHECK_GPU(GpuDeviceSynchronize());  // the peer writes into e->buffer after the barrier
     e->bootstrap->Barrier();
     LaunchKernel(PacketStream<P>, Dim3(1), Dim3(96), 0, nullptr, e->channels[0].DeviceHandle(), rank, kRounds, kBytes,
                  kSrc, kPackets, kDst, counter.DataAs<unsigned>());

@@ -221,6 +221,7 @@ class Pair {
     std::vector<uint8_t> d = Pattern(kBufferBytes, rank_, seed + 1000);
     MORI_CHECK_GPU(GpuMemcpy(src_.Data(), s.data(), s.size()));
     MORI_CHECK_GPU(GpuMemcpy(dst_.Data(), d.data(), d.size()));
+    MORI_CHECK_GPU(GpuDeviceSynchronize());  // landed before a peer may write (pageable copies return early)
   }
 
   std::vector<uint8_t> Target() const {

@@ -60,6 +60,7 @@ struct Patterned {
     std::vector<uint8_t> host(bytes);
     FillPattern(host.data(), bytes, owner, seed);
     MORI_CHECK_GPU(GpuMemcpy(buffer.Data(), host.data(), bytes));
+    MORI_CHECK_GPU(GpuDeviceSynchronize());  // landed before a NIC may write (pageable copies return early)
   }
   std::vector<uint8_t> Read() const {
     std::vector<uint8_t> host(buffer.Bytes());
@@ -149,6 +150,7 @@ TEST_P(RdmaConnectionMp, WritesAndReadsOddPiecesAndSignalsAfterThem) {
     const int peer = 1 - rank;
     Patterned src(kSrcBytes, rank, 1), dst(kDstBytes, 100 + rank, 2), flag(8, 0, 0), readBack(kSrcBytes + 64, 50, 3);
     MORI_CHECK_GPU(GpuMemset(flag.buffer.Data(), 0, 8));
+    MORI_CHECK_GPU(GpuDeviceSynchronize());
     RegisteredMemory srcMem = r.comm->RegisterMemory(src.buffer.Data(), kSrcBytes, t);
     RegisteredMemory dstMem = r.comm->RegisterMemory(dst.buffer.Data(), kDstBytes, t);
     RegisteredMemory flagMem = r.comm->RegisterMemory(flag.buffer.Data(), 8, t);
@@ -200,6 +202,7 @@ TEST_P(RdmaConnectionMp, AtomicsFromBothRanksOnOneWordCountExactly) {
     Rank r(rank, 2, root);
     GpuBuffer words(64);
     MORI_CHECK_GPU(GpuMemset(words.Data(), 0, 64));
+    MORI_CHECK_GPU(GpuDeviceSynchronize());
     RegisteredMemory wordsMem = r.comm->RegisterMemory(words.Data(), 64, t);
     if (rank == 0) r.comm->SendMemory(wordsMem, 1);
     std::shared_ptr<Connection> conn;
@@ -263,6 +266,7 @@ TEST_P(RdmaConnectionMp, LoopbackWritesReadsAtomicsAndSemaphore) {
     Patterned src(kSrcBytes, 0, 1), dst(kDstBytes, 100, 2), readBack(kSrcBytes + 64, 50, 3);
     GpuBuffer words(32);
     MORI_CHECK_GPU(GpuMemset(words.Data(), 0, 32));
+    MORI_CHECK_GPU(GpuDeviceSynchronize());
     RegisteredMemory srcMem = r.comm->RegisterMemory(src.buffer.Data(), kSrcBytes, t);
     RegisteredMemory dstMem = r.comm->RegisterMemory(dst.buffer.Data(), kDstBytes, t);
     RegisteredMemory readMem = r.comm->RegisterMemory(readBack.buffer.Data(), readBack.buffer.Bytes(), t);

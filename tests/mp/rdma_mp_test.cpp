@@ -116,6 +116,7 @@ int ExchangeAndVerify(core::Bootstrap& b) {
   test::FillPattern(guard.data(), guard.size(), 100 + rank, 8);
   MORI_CHECK_GPU(core::GpuMemcpy(dst.Data(), guard.data(), guard.size()));
   MORI_CHECK_GPU(core::GpuMemset(dst.DataAs<uint8_t>() + counterOffset, 0, 8));
+  MORI_CHECK_GPU(core::GpuDeviceSynchronize());  // landed before the peer's NIC writes (copies return early)
 
   Side side;
   side.Setup(b, dst.Data(), counterOffset + 8);  // the guard page after the counter is not registered

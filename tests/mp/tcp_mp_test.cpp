@@ -79,6 +79,9 @@ class Mem {
   void Set(const std::vector<uint8_t>& v) {
     if (device_) {
       MORI_CHECK_GPU(GpuMemcpy(data_, v.data(), v.size()));
+      // A copy from pageable memory returns before its DMA lands; the link's own (non-blocking) streams would
+      // not wait for it, so a peer's write could land first and be overwritten.
+      MORI_CHECK_GPU(GpuDeviceSynchronize());
     } else {
       std::memcpy(data_, v.data(), v.size());
     }
@@ -970,6 +973,7 @@ std::vector<uint8_t> ReadBack(const void* p, size_t bytes, bool device) {
 void WriteTo(void* p, const std::vector<uint8_t>& v, bool device) {
   if (device) {
     MORI_CHECK_GPU(GpuMemcpy(p, v.data(), v.size()));
+    MORI_CHECK_GPU(GpuDeviceSynchronize());  // landed before a peer's write may (see Mem::Set)
   } else {
     std::memcpy(p, v.data(), v.size());
   }
@@ -1066,6 +1070,7 @@ TEST(TcpLoopbackMp, LoopbackAtomicsAreAtomicWithThePeersAtomics) {
     std::vector<uint64_t> hostWords(8, 0);
     GpuBuffer deviceWords(64, MemoryType::Device);
     MORI_CHECK_GPU(GpuMemset(deviceWords.Data(), 0, 64));
+    MORI_CHECK_GPU(GpuDeviceSynchronize());  // a memset of device memory returns before it runs
     std::vector<uint8_t> mine(256, static_cast<uint8_t>(rank));
     RegisteredMemory hostMem = comm.RegisterMemory(hostWords.data(), 64, Transport::Tcp);
     RegisteredMemory deviceMem = comm.RegisterMemory(deviceWords.Data(), 64, Transport::Tcp);

@@ -210,6 +210,9 @@ class EmulatedNic : public ::testing::Test {
     std::vector<uint8_t> v(b.Bytes());
     test::FillPattern(v.data(), v.size(), rank, seed);
     EXPECT_EQ(core::GpuMemcpy(b.Data(), v.data(), v.size()), core::kGpuSuccess);
+    // Landed before the NIC (its own non-blocking stream) may write there: a copy from pageable memory
+    // returns before its DMA is done.
+    EXPECT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
   }
   static size_t Mismatch(const GpuBuffer& b, size_t offset, size_t bytes, int rank, uint32_t seed, size_t patternOffset) {
     auto v = Read(b, offset, bytes);
@@ -478,6 +481,7 @@ TEST_F(EmulatedNic, ManyThreadsPostToOneQueuePair) {
   }
   ASSERT_EQ(core::GpuMemcpy(src.Data(), values.data(), src.Bytes()), core::kGpuSuccess);
   ASSERT_EQ(core::GpuMemset(dst.Data(), 0, dst.Bytes()), core::kGpuSuccess);
+  ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
   GpuBuffer& errors = Alloc(4, MemoryType::HostPinned);
