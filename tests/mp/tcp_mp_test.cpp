@@ -649,9 +649,9 @@ TEST(TcpLinkMp, ClosingALinkWhoseReceiverIsStuckReturnsWithinTheTimeout) {
         while (stuck->load() != 2 && !bound.Expired()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
       };
     }
-    auto link = TcpLink::Connect(b, peer, 1, options);
-    Mem src(bytes, false);
+    Mem src(bytes, false);  // before the link: rank 0's link (and its sender, still reading src) goes first
     src.Fill(rank, 22);
+    auto link = TcpLink::Connect(b, peer, 1, options);
     if (rank == 0) link->Write(peerKey, 0, src.Data(), false, bytes);
     if (rank == 1) {
       EXPECT_TRUE(WaitUntil([&] { return stuck->load() == 1; })) << "the Write frame never reached the hook";
