@@ -15,7 +15,8 @@ namespace mori::core {
 namespace {
 
 // Every MORI_* variable mori reads, in one place. Add new ones here, never read getenv("MORI_...") elsewhere.
-const std::vector<EnvParamInfo> kRegistry = {
+// Never destroyed: threads that outlive main (a helper still waiting on a GPU at exit) may still read it.
+const std::vector<EnvParamInfo>& kRegistry = *new std::vector<EnvParamInfo>{
     {"MORI_LOG_LEVEL", EnvType::Choice, "warn", "error|warn|info|debug|trace",
      "lowest severity of log lines printed to stderr"},
     {"MORI_LOG_SUBSYS", EnvType::String, "all", "",

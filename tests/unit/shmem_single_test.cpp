@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "../common/test_util.hpp"
+#include "mori/core/device_sync.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
@@ -711,6 +712,8 @@ TEST_F(ShmemSingleTest, AKernelThatNeverEndsFailsTheBarrierAndFinalizeWithinTheT
   EXPECT_NE(err.find("heap and state are left in place"), std::string::npos) << err;
   core::AtomicStore<core::MemoryOrder::Release, core::Scope::System>(release.DataAs<uint32_t>(), 1u);
   ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+  // The helper thread finishes the waits that timed out before it takes this one: idle afterwards.
+  ASSERT_EQ(core::DeviceSynchronizeBy(core::Deadline::After(30), "the test"), core::kGpuSuccess);
   uint64_t got = 0;
   ASSERT_EQ(core::GpuMemcpy(&got, word, sizeof(got)), core::kGpuSuccess);
   EXPECT_EQ(got, value) << "the kernel's late write did not land in the heap";
