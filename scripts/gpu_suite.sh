@@ -39,6 +39,9 @@ fi
 # Every mpirun of this script (an array, not a function: `timeout` runs it): ranks started by the local
 # daemon inherit the environment anyway; -x says so.
 mpirun_=(mpirun --allow-run-as-root "${mps_env[@]}")
+# Under MPS the two PEs of a benchmark share a GPU: its bandwidths are copies inside one GPU's memory, and
+# compare_shmem.py checks only the ratios to NVSHMEM, not the NVLink targets.
+one_gpu=$([ ${#mps_env[@]} -gt 0 ] && echo --one-gpu)
 built_at=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$repo/.carry/build-cuda/CMakeCache.txt")
 if [ "$built_at" != "$repo" ]; then
   mkdir -p "$(dirname "$built_at")"
@@ -114,13 +117,13 @@ bench_shmem() {
     [ -x /tmp/nvshmem_bench ] && run nvshmem_bench$sfx "${mpirun_[@]}" -np 2 -x LD_LIBRARY_PATH="$nv/lib" \
       -x NVSHMEM_DISABLE_NVLS=1 -x NVSHMEM_REMOTE_TRANSPORT=none /tmp/nvshmem_bench all \
       --csv "$out/shmem_nvshmem$sfx.csv" $args
-    python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori$sfx.csv" "$out/shmem_nvshmem$sfx.csv" --one-gpu \
+    python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori$sfx.csv" "$out/shmem_nvshmem$sfx.csv" $one_gpu \
       > "$out/shmem_compare$sfx.txt" 2>&1
   done
   [ -x ./bench/shmem_bench_nochecks ] &&
     run shmem_bench_nochecks "${mpirun_[@]}" -np 2 ./bench/shmem_bench_nochecks all --csv "$out/shmem_mori_nochecks.csv" $args
   [ -f "$out/shmem_mori_nochecks.csv" ] && python3 "$repo/bench/compare_shmem.py" "$out/shmem_mori.csv" \
-    "$out/shmem_mori_nochecks.csv" --one-gpu > "$out/shmem_checks_cost.txt" 2>&1
+    "$out/shmem_mori_nochecks.csv" $one_gpu > "$out/shmem_checks_cost.txt" 2>&1
   run fifo_bench ./bench/fifo_bench
   # The port channel's small-message time: two forked ranks put-with-signal to each other through their
   # proxies over CudaIpc, 1 and 4 KiB, time per round.
@@ -267,7 +270,14 @@ done
 # machine's Python, so the module is built here for this interpreter (libraries and module only), then the
 # suites run from the source tree: pytest when the interpreter has it, else the multi-PE worker under mpirun.
 py=${MORI_PYTHON:-/opt/torch/.venv/bin/python}
-if [ "${PYTHON:-1}" != 0 ] && [ -x "$py" ] && [[ "python" =~ ${STEPS:-.} ]]; then
+torchrun=$(dirname "$py")/torchrun
+# EP_BENCH=1 adds bench/ep_bench.py (step python_ep_bench*): mori.ep from PyTorch beside the same dispatch and
+# combine written with torch.distributed.all_to_all_single over NCCL, at 4096 tokens (IntraNode) and 128
+# (LowLatency and IntraNode); NCCL refuses two ranks on one GPU, so with PEs sharing a GPU mori runs alone.
+python_step() { [[ "$1" =~ ${STEPS:-.} ]]; }
+if [ "${PYTHON:-1}" != 0 ] && [ -x "$py" ] &&
+   { python_step python_tests || python_step python_allgather_torchrun ||
+     { [ -n "${EP_BENCH:-}" ] && python_step python_ep_bench; }; }; then
   start=$SECONDS
   pyb=/tmp/mori-python-build
   {
@@ -280,13 +290,20 @@ if [ "${PYTHON:-1}" != 0 ] && [ -x "$py" ] && [[ "python" =~ ${STEPS:-.} ]]; the
   if [ $pyrc -eq 0 ]; then
     export PYTHONPATH="$pyb/python" PYTHONDONTWRITEBYTECODE=1 MORITEST_MPIRUN="$(command -v mpirun)" \
       MORITEST_INCLUDE_DIRS="$repo/include:$pyb/include" MORITEST_SHMEM_LIB_DIR="$pyb/src/shmem"
-    start=$SECONDS
+    if [ -n "${EP_BENCH:-}" ] && [ -x "$torchrun" ]; then
+      impl=mori,nccl
+      [ ${#mps_env[@]} -gt 0 ] && impl=mori
+      for shape in "intra 4096" "ll 128" "intra 128"; do
+        read -r kernel tokens <<< "$shape"
+        run "python_ep_bench_${kernel}_$tokens" env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=2g "$torchrun" --standalone \
+          --nproc_per_node=2 "$repo/bench/ep_bench.py" --impl $impl --kernel "$kernel" --tokens "$tokens"
+      done
+    fi
     if "$py" -c "import pytest" 2>/dev/null; then
-      run python_tests env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "$py" -m pytest -q -p no:cacheprovider \
-        "$repo/python/tests/test_single_pe.py" "$repo/python/tests/test_multi_pe.py" \
+      run python_tests env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "$py" -m pytest -q \
+        -p no:cacheprovider "$repo/python/tests/test_single_pe.py" "$repo/python/tests/test_multi_pe.py" \
         "$repo/python/tests/test_extension.py" "$repo/python/tests/test_ep.py"
       # The all-gather example as a PyTorch user starts it: torchrun, two processes on this GPU.
-      torchrun=$(dirname "$py")/torchrun
       [ -x "$torchrun" ] && run python_allgather_torchrun env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m \
         "$torchrun" --standalone --nproc_per_node=2 "$repo/python/examples/allgather.py" 1048576 3
     else
