@@ -55,7 +55,9 @@ MORI_DEVICE_INLINE void WaitForAnswer(const uint64_t* answer, uint64_t value, ui
 }
 
 // One thread: `warmup + iters` round trips; times[i] is iteration warmup + i in ns, pushTimes[i] the part
-// spent in the push itself.
+// spent in the push itself. Both arrays are in device memory: a store to host memory would still be in flight
+// at the next push, whose release fence then waits for it (the bench kept its timings in host-pinned memory
+// until 2026-11-26, which added its own PCIe writes to every push it timed).
 MORI_GLOBAL void RoundTripKernel(core::FifoDeviceHandle fifo, uint32_t mode, core::FifoOrder order, uint32_t warmup,
                                  uint32_t iters, uint64_t* answer, uint64_t* times, uint64_t* pushTimes,
                                  uint64_t timeoutNs) {
@@ -218,8 +220,14 @@ int main(int argc, char** argv) {
   try {
     core::GpuBuffer answer(64, core::MemoryType::HostPinned);
     std::memset(answer.Data(), 0, answer.Bytes());
-    core::GpuBuffer times(sizeof(uint64_t) * o.iters, core::MemoryType::HostPinned);
-    core::GpuBuffer pushTimes(sizeof(uint64_t) * o.iters, core::MemoryType::HostPinned);
+    core::GpuBuffer times(sizeof(uint64_t) * o.iters);
+    core::GpuBuffer pushTimes(sizeof(uint64_t) * o.iters);
+    // The kernels' timings, copied from device memory once each kernel is done.
+    auto copied = [&o](const core::GpuBuffer& b) {
+      std::vector<uint64_t> v(o.iters);
+      MORI_CHECK_GPU(core::GpuMemcpy(v.data(), b.Data(), sizeof(uint64_t) * o.iters));
+      return v;
+    };
     const uint64_t timeoutNs = static_cast<uint64_t>(core::TimeoutSeconds() * 1e9);
     core::PreloadKernels(RoundTripKernel, FlagRoundTripKernel, FloodKernel);
 
@@ -247,7 +255,7 @@ int main(int argc, char** argv) {
                          static_cast<const uint64_t*>(pong), o.warmup, o.iters, times.DataAs<uint64_t>(), timeoutNs);
       Check();
       echo.join();
-      std::vector<uint64_t> t(times.DataAs<uint64_t>(), times.DataAs<uint64_t>() + o.iters);
+      std::vector<uint64_t> t = copied(times);
       std::printf("  %-34s %10.2f %10.2f %10.2f\n", "pinned flag -> host -> flag (floor)", Percentile(t, 0.5),
                   Percentile(t, 0.99), Percentile(t, 0.0));
     }
@@ -260,10 +268,10 @@ int main(int argc, char** argv) {
                          timeoutNs);
       Check();
       proxy.StopProxy();
-      std::vector<uint64_t> t(times.DataAs<uint64_t>(), times.DataAs<uint64_t>() + o.iters);
+      std::vector<uint64_t> t = copied(times);
       std::printf("  %-34s %10.2f %10.2f %10.2f\n", mode.name, Percentile(t, 0.5), Percentile(t, 0.99),
                   Percentile(t, 0.0));
-      std::vector<uint64_t> p(pushTimes.DataAs<uint64_t>(), pushTimes.DataAs<uint64_t>() + o.iters);
+      std::vector<uint64_t> p = copied(pushTimes);
       std::printf("  %-34s %10.2f %10.2f %10.2f\n", "  of which the push itself", Percentile(p, 0.5), Percentile(p, 0.99),
                   Percentile(p, 0.0));
     }
@@ -273,7 +281,7 @@ int main(int argc, char** argv) {
       EchoProxy proxy(o.fifoSize, answer.DataAs<uint64_t>());
       proxy.StartProxy();
       const uint32_t n = std::min<uint32_t>(o.iters, 1000);
-      core::GpuBuffer costs(sizeof(uint64_t) * n * kPushSteps, core::MemoryType::HostPinned);
+      core::GpuBuffer costs(sizeof(uint64_t) * n * kPushSteps);  // device memory, as the round trips' timings
       uint64_t* word = nullptr;
       MORI_CHECK_GPU(core::GpuMalloc(reinterpret_cast<void**>(&word), 256));
       MORI_CHECK_GPU(core::GpuMemset(word, 0, 256));
@@ -285,8 +293,10 @@ int main(int argc, char** argv) {
       MORI_CHECK_GPU(core::GpuFree(word));
       std::printf("\nOne push, step by step (SM cycles, %u times each)\n  %-34s %10s %10s\n", n, "step", "median",
                   "p99");
+      std::vector<uint64_t> all(static_cast<size_t>(n) * kPushSteps);
+      MORI_CHECK_GPU(core::GpuMemcpy(all.data(), costs.Data(), costs.Bytes()));
       for (int k = 0; k < kPushSteps; ++k) {
-        std::vector<uint64_t> c(costs.DataAs<uint64_t>() + k * n, costs.DataAs<uint64_t>() + (k + 1) * n);
+        std::vector<uint64_t> c(all.begin() + k * n, all.begin() + (k + 1) * n);
         std::sort(c.begin(), c.end());
         std::printf("  %-34s %10llu %10llu\n", kPushStepNames[k], static_cast<unsigned long long>(c[n / 2]),
                     static_cast<unsigned long long>(c[n * 99 / 100]));
