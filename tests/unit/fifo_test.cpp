@@ -318,6 +318,25 @@ TEST(ProxyTest, ManyProducersAgainstASlowConsumer) {
   EXPECT_GT(proxy.idles.load(), 0u) << "OnIdle runs at least once, before the thread ends";
 }
 
+// More pushers waiting than the ring and the window of tail readers hold: most wait on tailSeen in device
+// memory (FifoDeviceHandle::kTailReadersWindow) and must still each get room, in slot order, with nothing lost.
+TEST(ProxyTest, PushersFarFromTheFrontOfAFullRingAllGetThrough) {
+  const unsigned threads = MORI_BACKEND_HOST ? 64 : 256, blocks = MORI_BACKEND_HOST ? 4 : 16;
+  const uint32_t pushers = threads * blocks, perThread = MORI_BACKEND_HOST ? 25 : 400;
+  static_assert(FifoDeviceHandle::kTailReadersWindow + 4 < 256, "most pushers are beyond the readers' window");
+  TestProxy proxy(4, [](TestProxy& p, const ProxyTrigger& t) {
+    if (p.handled.size() % 97 == 96) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    return TestProxy::Record(p, t);
+  });
+  PreloadKernels(PushKernel);
+  proxy.StartProxy();
+  LaunchKernel(PushKernel, Dim3(blocks), Dim3(threads), 0, nullptr, proxy.FifoHandle(), perThread, 0u);
+  Synchronize();
+  proxy.StopProxy();
+  EXPECT_EQ(proxy.Handled(), uint64_t{pushers} * perThread);
+  ExpectEveryPusherInOrder(proxy.handled, pushers, perThread, LowSeq);
+}
+
 TEST(ProxyTest, AFifoOfTwoThroughThousandsOfLaps) {
   const uint32_t perThread = MORI_BACKEND_HOST ? 1500 : 5000;
   TestProxy proxy(2, TestProxy::Record);
