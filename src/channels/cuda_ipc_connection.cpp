@@ -7,6 +7,7 @@
 #include "communicator_impl.hpp"
 #include "mori/core/atomic.hpp"
 #include "mori/channels/connection.hpp"
+#include "mori/core/device_scope.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
@@ -22,25 +23,6 @@ namespace {
 // drained (Flush, or a wait when the ring is used up), so no copy ever reads a word rewritten after it was
 // issued.
 constexpr int kStagingWords = 64;
-
-// Makes `device` current for the calls of one method and gives the caller's device back after.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    MORI_CHECK_GPU(GpuGetDevice(&previous_));
-    if (previous_ != device) MORI_CHECK_GPU(GpuSetDevice(device));
-    device_ = device;
-  }
-  ~DeviceScope() {
-    if (previous_ != device_) (void)GpuSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-  int device_ = 0;
-};
 
 int ResolveDevice(int requested) {
   int count = 0;

@@ -15,6 +15,7 @@
 #include "../common/test_util.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
+#include "mori/core/device_scope.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
 #include "mori/core/logging.hpp"
@@ -310,6 +311,41 @@ TEST_F(EmulatedNic, EveryOperationMovesTheRightBytesAndNothingElse) {
   EXPECT_EQ(c[0].wrId, 0xabcu);
   EXPECT_EQ(Mismatch(dst, 8192, 3000, 1, 10, 200000), 3000u);
   EXPECT_EQ(Mismatch(dst, 8192 + 3000, 100, 1, 10, 8192 + 3000 - 4096), 100u) << "bytes after the received message";
+}
+
+// Memory of a GPU other than the one current on the NIC's engine thread (found on two H100s: every write and
+// read into GPU 1 failed with 'invalid argument', the copy's stream being GPU 1's).
+TEST_F(EmulatedNic, WritesReadsAndAtomicsReachMemoryOfASecondGpu) {
+  int gpus = 0;
+  ASSERT_EQ(core::GpuGetDeviceCount(&gpus), core::kGpuSuccess);
+  if (gpus < 2) GTEST_SKIP() << "needs two GPUs (" << gpus << " visible)";
+  Connect();
+  constexpr size_t kBytes = (3 << 20) + 5;
+  GpuBuffer& src = Alloc(kBytes);
+  GpuBuffer* dst = nullptr;
+  {
+    core::DeviceScope second(1);
+    dst = &Alloc(kBytes + 8192);
+    Fill(*dst, 2, 21);  // synchronises GPU 1
+  }
+  Fill(src, 1, 11);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst->Data(), dst->Bytes());
+  OpResult w = RunOp(0, srcMr.addr, srcMr.lkey, dstMr.addr + 4096, dstMr.rkey, kBytes);
+  EXPECT_EQ(w.status, kCqeReq);
+  EXPECT_EQ(Mismatch(*dst, 4096, kBytes, 1, 11, 0), kBytes) << "written bytes on GPU 1";
+  EXPECT_EQ(Mismatch(*dst, 0, 4096, 2, 21, 0), 4096u) << "bytes before the target";
+  OpResult r = RunOp(1, srcMr.addr + 16, srcMr.lkey, dstMr.addr, dstMr.rkey, 4096);
+  EXPECT_EQ(r.status, kCqeReq);
+  EXPECT_EQ(Mismatch(src, 16, 4096, 2, 21, 0), 4096u) << "bytes read from GPU 1";
+  uint64_t start = 5000, v = 0;
+  ASSERT_EQ(core::GpuMemcpy(dst->DataAs<uint8_t>() + 256, &start, 8), core::kGpuSuccess);
+  OpResult fa = RunOp(3, srcMr.addr, srcMr.lkey, dstMr.addr + 256, dstMr.rkey, 8, 37);
+  EXPECT_EQ(fa.status, kCqeReq);
+  ASSERT_EQ(core::GpuMemcpy(&v, src.Data(), 8), core::kGpuSuccess);
+  EXPECT_EQ(v, 5000u) << "fetch-add returns the value found";
+  ASSERT_EQ(core::GpuMemcpy(&v, dst->DataAs<uint8_t>() + 256, 8), core::kGpuSuccess);
+  EXPECT_EQ(v, 5037u);
 }
 
 TEST_F(EmulatedNic, ZeroLengthWritesAndSendsComplete) {

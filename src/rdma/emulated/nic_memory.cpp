@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "mori/core/device_scope.hpp"
 #include "mori/core/dma_copy.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/logging.hpp"
@@ -48,7 +49,6 @@ void NicMemory::UseGpu(int gpu) {
     staging_ = static_cast<uint8_t*>(p);
   }
   if (streamGpu_ == gpu && stream_ != nullptr) return;
-  MORI_CHECK_GPU(core::GpuSetDevice(gpu));
   if (stream_ != nullptr) (void)core::GpuStreamDestroy(stream_);
   stream_ = nullptr;
   MORI_CHECK_GPU(core::GpuStreamCreate(&stream_));
@@ -57,10 +57,8 @@ void NicMemory::UseGpu(int gpu) {
 
 void NicMemory::Prepare(int gpu) {
   std::lock_guard<std::mutex> lock(mutex_);
-  int current = -1;
-  MORI_CHECK_GPU(core::GpuGetDevice(&current));
+  core::DeviceScope scope(gpu);  // the caller's thread keeps its device
   UseGpu(gpu);
-  MORI_CHECK_GPU(core::GpuSetDevice(current));  // the caller's thread keeps its device
 }
 
 void NicMemory::CopyOnStream(void* dst, const void* src, size_t bytes, const char* what, uintptr_t gpuAddr, int gpu) {
@@ -81,6 +79,9 @@ void NicMemory::Read(void* dst, uintptr_t src, size_t bytes, bool device, int gp
     return;
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  // The stream is the GPU's: the engine thread must have that GPU current for the copy (with another one, the
+  // copy fails with 'invalid argument': every NIC write into GPU 1 of a two-GPU machine, 2026-11-26).
+  core::DeviceScope scope(gpu);
   UseGpu(gpu);
   for (size_t done = 0; done < bytes; done += kStagingBytes) {
     const size_t n = std::min(kStagingBytes, bytes - done);
@@ -98,6 +99,7 @@ void NicMemory::Write(uintptr_t dst, const void* src, size_t bytes, bool device,
     return;
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  core::DeviceScope scope(gpu);  // as in Read
   UseGpu(gpu);
   for (size_t done = 0; done < bytes; done += kStagingBytes) {
     const size_t n = std::min(kStagingBytes, bytes - done);

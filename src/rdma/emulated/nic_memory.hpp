@@ -39,7 +39,7 @@ class NicMemory {
 
  private:
   static constexpr size_t kStagingBytes = size_t(4) << 20;
-  void UseGpu(int gpu);  // with mutex_ held
+  void UseGpu(int gpu);  // with mutex_ held and `gpu` current on the calling thread
   // One copy on the NIC's stream, waited for; an error names `what` ("reading"/"writing") and the GPU address.
   void CopyOnStream(void* dst, const void* src, size_t bytes, const char* what, uintptr_t gpuAddr, int gpu);
   std::mutex mutex_;     // the NIC's engine thread and registering threads
