@@ -946,11 +946,67 @@ void ValidateConfig(const EpDispatchCombineConfig& c) {
              "maxTokensPerRank %d x worldSize %d rows do not fit in int32", c.maxTokensPerRank, c.worldSize);
 }
 
+// The handle's buffers are symmetric and every PE's kernels assume the others' layouts: a config that differs
+// between PEs would make the heap asymmetric and the messages misread. Collective: each PE puts the fields
+// that must agree into its row of a symmetric table on every PE, and every PE compares all rows with its own,
+// so all of them throw, naming the same first difference. (blocks and warpsPerBlock are local launch choices.)
+void CheckConfigAgreesEverywhere(const EpDispatchCombineConfig& c) {
+  struct Field {
+    const char* name;
+    int64_t value;
+  };
+  const Field mine[] = {{"hiddenDim", c.hiddenDim},
+                        {"maxTokensPerRank", c.maxTokensPerRank},
+                        {"numExpertsPerRank", c.numExpertsPerRank},
+                        {"topk", c.topk},
+                        {"dtype", static_cast<int64_t>(c.dtype)},
+                        {"scaleDim", c.scaleDim},
+                        {"kernel", static_cast<int64_t>(c.kernel)}};
+  constexpr size_t kFields = sizeof(mine) / sizeof(mine[0]);
+  const size_t W = static_cast<size_t>(c.worldSize);
+  auto* table = static_cast<int64_t*>(shmem::ShmemCalloc(W * kFields, sizeof(int64_t)));
+  MORI_CHECK(table != nullptr, ErrorCode::InvalidUsage,
+             "EpDispatchCombineHandle: no symmetric heap left to compare the PEs' configs");
+  std::vector<int64_t> all(W * kFields);
+  try {
+    int64_t* row = table + static_cast<size_t>(c.rank) * kFields;
+    for (size_t f = 0; f < kFields; ++f) all[f] = mine[f].value;
+    MORI_CHECK_GPU(core::GpuMemcpy(row, all.data(), kFields * sizeof(int64_t)));
+    MORI_CHECK_GPU(core::GpuDeviceSynchronize());
+    // The source is the row itself: heap memory, which every transport can read.
+    for (int pe = 0; pe < c.worldSize; ++pe) {
+      if (pe == c.rank) continue;
+      MORI_CHECK(shmem::ShmemPutMemOnStream(row, row, kFields * sizeof(int64_t), pe, nullptr) == 0, ErrorCode::Internal,
+                 "EpDispatchCombineHandle: sending this PE's config to PE %d failed", pe);
+    }
+    MORI_CHECK(shmem::ShmemQuietOnStream(nullptr) == 0, ErrorCode::Internal,
+               "EpDispatchCombineHandle: completing the config puts failed");
+  } catch (...) {
+    shmem::ShmemBarrierAll();
+    shmem::ShmemFree(table);
+    throw;
+  }
+  shmem::ShmemBarrierAll();
+  const core::GpuStatus copied = core::GpuMemcpy(all.data(), table, all.size() * sizeof(int64_t));
+  shmem::ShmemFree(table);  // collective, on every PE whatever it finds
+  MORI_CHECK_GPU(copied);
+  for (size_t pe = 0; pe < W; ++pe) {
+    for (size_t f = 0; f < kFields; ++f) {
+      const int64_t theirs = all[pe * kFields + f];
+      MORI_CHECK(theirs == mine[f].value, ErrorCode::InvalidUsage,
+                 "EpDispatchCombineHandle: PE %zu was built with %s %lld and PE %d with %lld; every PE must pass the "
+                 "same config (but rank, blocks and warpsPerBlock)",
+                 pe, mine[f].name, static_cast<long long>(theirs), c.rank, static_cast<long long>(mine[f].value));
+    }
+  }
+}
+
 }  // namespace
 
 EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& config)
     : config_(config), impl_(std::make_unique<Impl>()) {
   ValidateConfig(config);
+  CheckConfigAgreesEverywhere(config);
   Impl& m = *impl_;
   m.world = config.worldSize;
   const size_t W = config.worldSize, M = config.maxTokensPerRank, H = config.hiddenDim, K = config.topk,

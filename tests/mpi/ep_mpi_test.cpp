@@ -489,6 +489,33 @@ TEST(EpTest, HostCheckedBadInputThrowsBeforeAnythingRuns) {
   RunRound(h, c, 1);
 }
 
+// A config that differs between PEs is refused on every PE, naming the field and both values, before any
+// buffer is allocated; a handle built right afterwards works (the heap stayed symmetric).
+TEST(EpTest, ConfigsThatDifferBetweenPesAreRefusedOnEveryPe) {
+  if (N() < 2) GTEST_SKIP() << "needs two PEs";
+  Case c{Config(EpKernelType::InterNode, DataType::BFloat16, 2, 16, 8, 2), Routing::Uniform, 9};
+  for (int field = 0; field < 3; ++field) {
+    auto bad = c.cfg;
+    const bool odd = Me() == N() - 1;  // the last PE differs
+    const char* name = field == 0 ? "hiddenDim" : field == 1 ? "topk" : "dtype";
+    if (field == 0 && odd) bad.hiddenDim = 32;
+    if (field == 1 && odd) bad.topk = 3;
+    if (field == 2 && odd) bad.dtype = DataType::Float16;
+    try {
+      EpDispatchCombineHandle x(bad);
+      ADD_FAILURE() << "PE " << Me() << ": a handle was built although PE " << N() - 1 << "'s " << name << " differs";
+    } catch (const core::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(std::string(" with ") + name + " "), std::string::npos) << what;
+      EXPECT_NE(what.find("every PE must pass the same config"), std::string::npos) << what;
+      const std::string other = odd ? "PE 0 was built" : "PE " + std::to_string(N() - 1) + " was built";
+      EXPECT_NE(what.find(other), std::string::npos) << what;
+    }
+  }
+  EpDispatchCombineHandle h(c.cfg);
+  RunRound(h, c, 1);
+}
+
 TEST(EpTest, HandlesComeAndGoWithoutLeakingTheHeap) {
   // Each handle takes about a third of the heap: a leak would fail by the fourth.
   const size_t heap = shmem::ShmemHeapBytes();

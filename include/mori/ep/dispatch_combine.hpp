@@ -73,6 +73,8 @@ struct EpDispatchResult {
 
 class EpDispatchCombineHandle {  // collective construction and destruction; buffers on the symmetric heap
  public:
+  // Every PE passes the same config but for rank, blocks and warpsPerBlock; one that differs is refused on
+  // every PE (mori::Error naming the field, the PE and both values) before any buffer is allocated.
   explicit EpDispatchCombineHandle(const EpDispatchCombineConfig& config);
   ~EpDispatchCombineHandle();
   EpDispatchCombineHandle(const EpDispatchCombineHandle&) = delete;
