@@ -7,12 +7,17 @@
 // signal is ever reset and a stale one cannot pass for a new one. A count of kAborted says the sender found
 // bad input and sent nothing; every PE then skips the rest of the round.
 //
-// LowLatency has kernels of its own (below). Kernels of one IntraNode or InterNode Dispatch, in stream order: Route (1 block: validates expert ids, numbers the slots), Send
-// (IntraNode: stores the messages straight into the peers' slots through ShmemPtr; InterNode: packs them per
-// destination in the local send buffer), Signal (IntraNode: a signal per destination; InterNode: one
-// put-with-signal per destination for its whole batch), Receive (waits for every source's signal, prefix
-// sums), Unpack (the flat result). Combine: Send rows (stores or staging), Signal (the same two ways),
-// Wait, Reduce (the weighted sum per token).
+// LowLatency has kernels of its own (below). Kernels of one InterNode Dispatch, in stream order: Route (mask
+// and slot numbering; validates expert ids), Send (packs the messages per destination in the local send
+// buffer), Signal (one put-with-signal per destination for its whole batch), Receive (waits for every
+// source's signal, prefix sums), Unpack (the flat result). IntraNode skips the receive buffer and the unpack
+// pass: after Route, Notify writes this PE's counts into every PE's count table and waits for every PE's, so
+// each sender knows where its rows start on each PE, and Send stores the rows straight into their final
+// places in the peers' result arrays through ShmemPtr; Signal (a signal per destination) then says they are
+// there, and the receiver only counts rows per local expert. The notify also orders the rounds: no PE writes
+// into a PE's results before that PE has started its own next Dispatch (its earlier results live until then).
+// Combine: Send rows (stores or staging), Signal (the same two ways), Wait, Reduce (the weighted sum per
+// token).
 #include "mori/ep/dispatch_combine.hpp"
 
 #include <algorithm>
@@ -256,10 +261,13 @@ MORI_DEVICE_INLINE SignalVerdict JudgeSignal(uint64_t v, uint64_t round, int max
 }
 
 // Marks this PE's round aborted: `staleFrom` / `abortedBy` are 1 + the PE whose signal said so (0: none); the
-// error kind is kept if a kernel recorded one already. One thread.
+// first cause recorded is kept (IntraNode learns of an abort in its notify, and every later signal of the round
+// then says kAborted, whoever caused it), as is an error kind a kernel recorded already. One thread.
 MORI_DEVICE_INLINE void RecordAbort(Control* ctl, int32_t staleFrom, int32_t abortedBy) {
-  if (staleFrom != 0) ctl->staleFrom = staleFrom;
-  if (abortedBy != 0) ctl->abortedBy = abortedBy;
+  if (ctl->aborted == 0) {
+    if (staleFrom != 0) ctl->staleFrom = staleFrom;
+    if (abortedBy != 0) ctl->abortedBy = abortedBy;
+  }
   ctl->aborted = 1;
   const int32_t error = core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::Device>(&ctl->error);
   if (error == kNoError) {
@@ -359,29 +367,158 @@ struct DispatchArgs {
   int numTokens, topk, scaleDim, world, rank, maxTokens;
   Layout lay;
   const int32_t* slotOf;
-  uint8_t* recvBuf;  // symmetric [W][M] messages
-  uint8_t* sendBuf;  // symmetric [W][M] messages (InterNode)
+  uint8_t* sendBuf;  // [W][M] messages, staged for the put-with-signal of each destination's batch
   const Control* ctl;
-  bool direct;       // IntraNode: store into the peers' slots
 };
 
-// Each block takes tokens and writes one message per destination PE of the token.
+// InterNode: each block takes tokens and stages one message per destination PE of the token.
 MORI_GLOBAL void DispatchSendKernel(DispatchArgs a) {
   if (a.ctl->error != kNoError) return;
   for (int t = static_cast<int>(core::FlatBlockIdx()); t < a.numTokens; t += static_cast<int>(core::FlatGridDim())) {
     for (int d = 0; d < a.world; ++d) {
       const int j = a.slotOf[static_cast<size_t>(t) * a.world + d];
       if (j < 0) continue;
-      uint8_t* msg;
-      if (a.direct) {
-        msg = static_cast<uint8_t*>(shmem::ShmemPtr(
-            a.recvBuf + (static_cast<size_t>(a.rank) * a.maxTokens + j) * a.lay.msgBytes, d));
-      } else {
-        msg = a.sendBuf + (static_cast<size_t>(d) * a.maxTokens + j) * a.lay.msgBytes;
-      }
+      uint8_t* msg = a.sendBuf + (static_cast<size_t>(d) * a.maxTokens + j) * a.lay.msgBytes;
       if (core::FlatThreadIdx() == 0) *reinterpret_cast<int32_t*>(msg) = t;
       PackMessage(msg, t, a.input, a.indices, a.weights, a.scales, a.lay, a.scaleDim, a.topk, core::FlatThreadIdx(),
                   core::FlatBlockDim());
+    }
+  }
+}
+
+// IntraNode's result arrays on the symmetric heap, in one allocation carved the same way on every PE.
+struct Rows {
+  size_t tokens, weights, indices, scales, srcTokenPos, table, bytes;  // offsets in the allocation; its size
+};
+
+Rows CarveRows(size_t W, size_t M, const Layout& lay, int topk, int scaleDim) {
+  Rows r{};
+  const size_t n = W * M;
+  r.tokens = 0;
+  r.weights = Align16(r.tokens + n * lay.tokenBytes);
+  r.indices = Align16(r.weights + n * topk * sizeof(float));
+  r.scales = Align16(r.indices + n * topk * sizeof(int32_t));
+  r.srcTokenPos = Align16(r.scales + n * scaleDim * sizeof(float));
+  r.table = Align16(r.srcTokenPos + n * sizeof(int32_t));
+  r.bytes = r.table + W * W * sizeof(uint64_t);
+  return r;
+}
+
+struct NotifyArgs {
+  uint64_t* table;           // symmetric [W * W]: entry s * W + d = round << 32 | rows s sends to d
+  const int32_t* sendCount;  // [W]
+  int32_t* sendOffset;       // [W]: this PE's first row on each PE
+  int32_t* recvCount;        // [W]: rows from each source
+  int32_t* recvOffset;       // [W]
+  int32_t* total;            // rows received, -1 when the round is aborted
+  uint64_t round;
+  int world, rank, maxCount;
+  Control* ctl;
+};
+
+// One block: this PE's row of counts into every PE's table (kAborted when its routing found bad input), then
+// a wait for every PE's row of this round; a stale or aborting row aborts the round here as on every PE, since
+// all see the same table. Shared: 2 ints.
+MORI_GLOBAL void NotifyKernel(NotifyArgs a) {
+  const int tid = static_cast<int>(core::FlatThreadIdx()), nt = static_cast<int>(core::FlatBlockDim());
+  const int W = a.world;
+  int32_t* state = core::DynamicSharedMemory<int32_t>();
+  if (tid < 2) state[tid] = 0;
+  const bool bad = a.ctl->error != kNoError;
+  for (int e = tid; e < W * W; e += nt) {
+    const int p = e / W, d = e % W;
+    const uint32_t count = bad ? kAborted : static_cast<uint32_t>(a.sendCount[d]);
+    auto* entry = static_cast<uint64_t*>(shmem::ShmemPtr(a.table + static_cast<size_t>(a.rank) * W + d, p));
+    core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::System>(entry, (a.round << 32) | count);
+  }
+  core::SyncThreads();
+  for (int e = tid; e < W * W; e += nt) {
+    const uint64_t v = shmem::ShmemWaitUntil(a.table + e, CmpOp::GE, a.round << 32);
+    const SignalVerdict verdict = JudgeSignal(v, a.round, a.maxCount);
+    if (verdict.stale) {
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&state[0], int32_t(e / W + 1));
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&a.ctl->staleRound,
+                                                                         static_cast<uint32_t>(v >> 32));
+    } else if (verdict.aborted) {
+      core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::Device>(&state[1], int32_t(e / W + 1));
+    }
+  }
+  core::SyncThreads();
+  if (tid != 0) return;
+  const bool aborted = bad || state[0] != 0 || state[1] != 0;
+  if (aborted) RecordAbort(a.ctl, state[0], state[1]);
+  auto count = [&](int s, int d) {
+    return static_cast<int32_t>(static_cast<uint32_t>(
+        core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::System>(a.table + s * W + d)));
+  };
+  int32_t sum = 0;
+  for (int s = 0; s < W; ++s) {
+    a.recvOffset[s] = sum;
+    a.recvCount[s] = aborted ? 0 : count(s, a.rank);
+    sum += a.recvCount[s];
+  }
+  *a.total = aborted ? -1 : sum;
+  for (int d = 0; d < W && !aborted; ++d) {
+    int32_t before = 0;
+    for (int s = 0; s < a.rank; ++s) before += count(s, d);
+    a.sendOffset[d] = before;
+  }
+}
+
+struct DirectSendArgs {
+  const uint8_t* input;
+  const int32_t* indices;
+  const float* weights;
+  const float* scales;
+  int numTokens, topk, scaleDim, world, rank, maxTokens;
+  Layout lay;
+  Rows rows;
+  uint8_t* rowBase;          // symmetric: the result arrays (Rows)
+  const int32_t* slotOf;
+  const int32_t* sendOffset;
+  const Control* ctl;
+};
+
+// Each block takes tokens and stores each into its row on every destination PE of the token: the token, its
+// scales, top-k ids and weights, and its source.
+MORI_GLOBAL void DirectSendKernel(DirectSendArgs a) {
+  if (a.ctl->error != kNoError || a.ctl->aborted != 0) return;
+  const unsigned tid = core::FlatThreadIdx(), nt = core::FlatBlockDim();
+  for (int t = static_cast<int>(core::FlatBlockIdx()); t < a.numTokens; t += static_cast<int>(core::FlatGridDim())) {
+    for (int d = 0; d < a.world; ++d) {
+      const int j = a.slotOf[static_cast<size_t>(t) * a.world + d];
+      if (j < 0) continue;
+      const size_t row = static_cast<size_t>(a.sendOffset[d]) + j;
+      auto* peer = static_cast<uint8_t*>(shmem::ShmemPtr(a.rowBase, d));
+      StridedCopy(peer + a.rows.tokens + row * a.lay.tokenBytes, a.input + static_cast<size_t>(t) * a.lay.tokenBytes,
+                  a.lay.tokenBytes, tid, nt);
+      if (a.scaleDim > 0) {
+        StridedCopy(peer + a.rows.scales + row * a.scaleDim * sizeof(float), a.scales + static_cast<size_t>(t) * a.scaleDim,
+                    a.scaleDim * sizeof(float), tid, nt);
+      }
+      StridedCopy(peer + a.rows.indices + row * a.topk * sizeof(int32_t), a.indices + static_cast<size_t>(t) * a.topk,
+                  a.topk * sizeof(int32_t), tid, nt);
+      StridedCopy(peer + a.rows.weights + row * a.topk * sizeof(float), a.weights + static_cast<size_t>(t) * a.topk,
+                  a.topk * sizeof(float), tid, nt);
+      if (tid == 0) {
+        reinterpret_cast<int32_t*>(peer + a.rows.srcTokenPos)[row] = a.rank * a.maxTokens + t;
+      }
+    }
+  }
+}
+
+// After ReceiveKernel: rows naming each local expert among their top-k, one thread per row.
+MORI_GLOBAL void ExpertCountKernel(const int32_t* indices, const int32_t* total, int topk, int rank,
+                                   int expertsPerRank, int32_t* expertCounts, const Control* ctl) {
+  if (ctl->aborted != 0) return;
+  const int rows = *total;
+  for (int i = static_cast<int>(core::GlobalThreadIdx()); i < rows; i += static_cast<int>(core::GlobalThreadCount())) {
+    for (int k = 0; k < topk; ++k) {
+      const int e = indices[static_cast<size_t>(i) * topk + k];
+      if (e / expertsPerRank == rank) {
+        core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(&expertCounts[e % expertsPerRank],
+                                                                             int32_t(1));
+      }
     }
   }
 }
@@ -903,6 +1040,8 @@ struct EpDispatchCombineHandle::Impl {
   uint8_t* sendBuf = nullptr;
   uint8_t* combRecv = nullptr;
   uint64_t* sigs = nullptr;  // [2W]: dispatch, combine
+  uint8_t* rowBase = nullptr;  // IntraNode: the result arrays and the count table (Rows), written by the senders
+  Rows rows{};
   // Local.
   uint8_t* combSend = nullptr;  // InterNode: rows staged for the NIC or proxy, which read only the heap
   // Local.
@@ -914,8 +1053,9 @@ struct EpDispatchCombineHandle::Impl {
   enum class Phase { Idle, DispatchSent, Dispatched, CombineSent } phase = Phase::Idle;
 
   int32_t* Counts(int which) const { return counts.DataAs<int32_t>() + which * world; }
-  // counts: [0] send, [1] receive, [2] offsets, [3] [4] scratch of the combine wait, then the total
-  int32_t* Total() const { return counts.DataAs<int32_t>() + 5 * world; }
+  // counts: [0] send, [1] receive, [2] offsets, [3] [4] scratch of the combine wait, [5] IntraNode: this PE's
+  // first row on each PE; then the total
+  int32_t* Total() const { return counts.DataAs<int32_t>() + 6 * world; }
   Control* Ctl() const { return ctl.DataAs<Control>(); }
 };
 
@@ -1061,8 +1201,16 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
   // allocates the staging (the heap stays symmetric).
   const bool ll = config.kernel == EpKernelType::LowLatency;
   const bool staged = config.kernel == EpKernelType::InterNode || ll;
+  const bool direct = config.kernel == EpKernelType::IntraNode;
   try {
-    m.recvBuf = alloc(W * M * l.msgBytes, "dispatch receive buffer");
+    if (direct) {
+      m.rows = CarveRows(W, M, l, config.topk, config.scaleDim);
+      m.rowBase = alloc(m.rows.bytes, "dispatch result rows");
+      // The count table tells rounds apart by their number: entries another handle left must not pass.
+      MORI_CHECK_GPU(core::GpuMemset(m.rowBase + m.rows.table, 0, W * W * sizeof(uint64_t)));
+    } else {
+      m.recvBuf = alloc(W * M * l.msgBytes, "dispatch receive buffer");
+    }
     if (staged) m.sendBuf = alloc(W * M * l.msgBytes, "dispatch send buffer");
     m.combRecv = alloc(W * M * l.rowBytes, "combine receive buffer");
     if (staged) m.combSend = alloc(W * M * l.rowBytes, "combine send buffer");
@@ -1070,7 +1218,7 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
     MORI_CHECK(m.sigs != nullptr, ErrorCode::InvalidUsage, "EpDispatchCombineHandle: no heap for the signals");
   } catch (...) {
     for (void* p : {static_cast<void*>(m.sigs), static_cast<void*>(m.combSend), static_cast<void*>(m.combRecv),
-                    static_cast<void*>(m.sendBuf), static_cast<void*>(m.recvBuf)}) {
+                    static_cast<void*>(m.sendBuf), static_cast<void*>(m.recvBuf), static_cast<void*>(m.rowBase)}) {
       if (p != nullptr) shmem::ShmemFree(p);
     }
     throw;
@@ -1081,14 +1229,16 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
   m.masks = core::GpuBuffer(M * sizeof(uint64_t));
   m.slotOf = core::GpuBuffer(M * W * sizeof(int32_t));
   m.weightSum = core::GpuBuffer(M * W * sizeof(float));
-  m.counts = core::GpuBuffer((5 * W + 1) * sizeof(int32_t));
+  m.counts = core::GpuBuffer((6 * W + 1) * sizeof(int32_t));
   // Result rows: W * M flat, or numExpertsPerRank groups of W * M (LowLatency).
   const size_t rows = W * M * (ll ? static_cast<size_t>(config.numExpertsPerRank) : 1);
-  m.tokens = core::GpuBuffer(std::max<size_t>(rows * l.tokenBytes, 16));
-  m.weights = core::GpuBuffer(rows * K * sizeof(float));
-  m.indices = core::GpuBuffer(rows * K * sizeof(int32_t));
-  if (S > 0) m.scales = core::GpuBuffer(rows * S * sizeof(float));
-  m.srcTokenPos = core::GpuBuffer(rows * sizeof(int32_t));
+  if (!direct) {  // IntraNode's live on the heap (rowBase)
+    m.tokens = core::GpuBuffer(std::max<size_t>(rows * l.tokenBytes, 16));
+    m.weights = core::GpuBuffer(rows * K * sizeof(float));
+    m.indices = core::GpuBuffer(rows * K * sizeof(int32_t));
+    if (S > 0) m.scales = core::GpuBuffer(rows * S * sizeof(float));
+    m.srcTokenPos = core::GpuBuffer(rows * sizeof(int32_t));
+  }
   if (ll) m.rowOf = core::GpuBuffer(W * M * K * sizeof(int32_t));
   m.expertCounts = core::GpuBuffer(config.numExpertsPerRank * sizeof(int32_t));
   m.ctl = core::GpuBuffer(sizeof(Control));
@@ -1096,7 +1246,8 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
   MORI_CHECK_GPU(core::GpuMemset(m.counts.Data(), 0, m.counts.Bytes()));
   core::PreloadKernels(RouteMaskKernel, RouteSlotKernel, DispatchSendKernel, SignalKernel, ReceiveKernel,
                        UnpackKernel, CombineSendKernel, ReduceKernel<DataType::Float32>,
-                       ReduceKernel<DataType::BFloat16>, ReduceKernel<DataType::Float16>, LlDispatchSendKernel,
+                       ReduceKernel<DataType::BFloat16>, ReduceKernel<DataType::Float16>, NotifyKernel,
+                       DirectSendKernel, ExpertCountKernel, LlDispatchSendKernel,
                        LlDispatchRecvKernel, LlCombineSendKernel<DataType::Float32>,
                        LlCombineSendKernel<DataType::BFloat16>, LlCombineSendKernel<DataType::Float16>);
   shmem::ShmemBarrierAll();
@@ -1111,7 +1262,8 @@ EpDispatchCombineHandle::~EpDispatchCombineHandle() {
   if (m.combSend != nullptr) shmem::ShmemFree(m.combSend);
   shmem::ShmemFree(m.combRecv);
   if (m.sendBuf != nullptr) shmem::ShmemFree(m.sendBuf);
-  shmem::ShmemFree(m.recvBuf);
+  if (m.recvBuf != nullptr) shmem::ShmemFree(m.recvBuf);
+  if (m.rowBase != nullptr) shmem::ShmemFree(m.rowBase);
 }
 
 DataType EpDispatchCombineHandle::CombineDataType() const { return impl_->combineType; }
@@ -1176,16 +1328,30 @@ void EpDispatchCombineHandle::DispatchSend(const void* input, const int32_t* ind
   core::LaunchKernel(RouteSlotKernel, Dim3(W), Dim3(m.threads), m.threads * sizeof(int32_t), stream, ra);
   CheckLaunch("dispatch route (slots)");
 
-  DispatchArgs da{static_cast<const uint8_t*>(input), indices, weights, scales, numTokens, c.topk, c.scaleDim, W,
-                  c.rank, c.maxTokensPerRank, m.lay, m.slotOf.DataAs<int32_t>(), m.recvBuf, m.sendBuf, m.Ctl(),
-                  direct};
-  if (numTokens > 0) {
-    core::LaunchKernel(DispatchSendKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, da);
-    CheckLaunch("dispatch send");
+  if (direct) {
+    NotifyArgs na{reinterpret_cast<uint64_t*>(m.rowBase + m.rows.table), m.Counts(0), m.Counts(5), m.Counts(1),
+                  m.Counts(2), m.Total(), m.round, W, c.rank, c.maxTokensPerRank, m.Ctl()};
+    core::LaunchKernel(NotifyKernel, Dim3(1), Dim3(m.routeThreads), 2 * sizeof(int32_t), stream, na);
+    CheckLaunch("dispatch notify");
+    DirectSendArgs da{static_cast<const uint8_t*>(input), indices, weights, scales, numTokens, c.topk, c.scaleDim,
+                      W, c.rank, c.maxTokensPerRank, m.lay, m.rows, m.rowBase, m.slotOf.DataAs<int32_t>(),
+                      m.Counts(5), m.Ctl()};
+    if (numTokens > 0) {
+      core::LaunchKernel(DirectSendKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, da);
+      CheckLaunch("dispatch send");
+    }
+  } else {
+    DispatchArgs da{static_cast<const uint8_t*>(input), indices, weights, scales, numTokens, c.topk, c.scaleDim, W,
+                    c.rank, c.maxTokensPerRank, m.lay, m.slotOf.DataAs<int32_t>(), m.sendBuf, m.Ctl()};
+    if (numTokens > 0) {
+      core::LaunchKernel(DispatchSendKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, da);
+      CheckLaunch("dispatch send");
+    }
   }
   const size_t slotsPerPe = static_cast<size_t>(c.maxTokensPerRank) * m.lay.msgBytes;
-  SignalArgs sa{m.Counts(0), m.recvBuf + c.rank * slotsPerPe, m.sendBuf, slotsPerPe, m.lay.msgBytes,
-                m.sigs + c.rank, nullptr, m.round, W, direct, m.Ctl()};
+  // IntraNode's rows are in place already: its signals carry only the counts.
+  SignalArgs sa{m.Counts(0), direct ? nullptr : m.recvBuf + c.rank * slotsPerPe, m.sendBuf, slotsPerPe,
+                m.lay.msgBytes, m.sigs + c.rank, nullptr, m.round, W, direct, m.Ctl()};
   core::LaunchKernel(SignalKernel, Dim3(direct ? 1 : W), Dim3(direct ? std::max<unsigned>(W, 1) : m.threads), 0,
                      stream, sa);
   CheckLaunch("dispatch signal");
@@ -1199,13 +1365,25 @@ EpDispatchResult EpDispatchCombineHandle::DispatchRecv(GpuStream stream) {
              "DispatchRecv without a DispatchSend before it");
   m.phase = Impl::Phase::Dispatched;
   const int W = c.worldSize;
-  EpDispatchResult r{m.tokens.Data(),
-                     m.weights.DataAs<float>(),
-                     m.indices.DataAs<int32_t>(),
-                     c.scaleDim > 0 ? m.scales.DataAs<float>() : nullptr,
-                     m.Total(),
-                     m.srcTokenPos.DataAs<int32_t>(),
-                     m.expertCounts.DataAs<int32_t>()};
+  const bool direct = c.kernel == EpKernelType::IntraNode;
+  EpDispatchResult r{};
+  if (direct) {
+    r = EpDispatchResult{m.rowBase + m.rows.tokens,
+                         reinterpret_cast<float*>(m.rowBase + m.rows.weights),
+                         reinterpret_cast<int32_t*>(m.rowBase + m.rows.indices),
+                         c.scaleDim > 0 ? reinterpret_cast<float*>(m.rowBase + m.rows.scales) : nullptr,
+                         m.Total(),
+                         reinterpret_cast<int32_t*>(m.rowBase + m.rows.srcTokenPos),
+                         m.expertCounts.DataAs<int32_t>()};
+  } else {
+    r = EpDispatchResult{m.tokens.Data(),
+                         m.weights.DataAs<float>(),
+                         m.indices.DataAs<int32_t>(),
+                         c.scaleDim > 0 ? m.scales.DataAs<float>() : nullptr,
+                         m.Total(),
+                         m.srcTokenPos.DataAs<int32_t>(),
+                         m.expertCounts.DataAs<int32_t>()};
+  }
   const bool ll = c.kernel == EpKernelType::LowLatency;
   // One block waits for every source's signal (LowLatency: the counts only; its gather then needs no wait).
   core::LaunchKernel(ReceiveKernel, Dim3(1), Dim3(m.routeThreads), 2 * sizeof(int32_t), stream, m.sigs, m.round, W,
@@ -1223,6 +1401,12 @@ EpDispatchResult EpDispatchCombineHandle::DispatchRecv(GpuStream stream) {
     CheckLaunch("low-latency dispatch gather");
     r.totalRecv = &m.Ctl()->rows;
     r.expertStride = static_cast<int64_t>(W) * c.maxTokensPerRank;
+    return r;
+  }
+  if (direct) {  // the rows are in place: count them per local expert
+    core::LaunchKernel(ExpertCountKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, r.indices, m.Total(), c.topk,
+                       c.rank, c.numExpertsPerRank, r.expertCounts, m.Ctl());
+    CheckLaunch("dispatch expert counts");
     return r;
   }
   UnpackArgs ua{m.recvBuf, m.Counts(2), m.Total(), W, c.rank, c.maxTokensPerRank, c.topk, c.scaleDim,
