@@ -137,6 +137,13 @@ bench_shmem() {
   fi
 }
 
+# ep_bench with the DeepSeek-V3 shape (4096 tokens) and with 128 tokens, 2 PEs.
+bench_ep() {
+  run ep_bench "${mpirun_[@]}" -np 2 -x MORI_SHMEM_HEAP_SIZE=2g -x MORI_TIMEOUT_S=60 ./bench/ep_bench ${EP_BENCH_ARGS:-}
+  run ep_bench_128 "${mpirun_[@]}" -np 2 -x MORI_SHMEM_HEAP_SIZE=2g -x MORI_TIMEOUT_S=60 ./bench/ep_bench \
+    --tokens 128 --kernel all ${EP_BENCH_ARGS:-}
+}
+
 # ONLY=perf: the benchmarks alone.
 if [ "${ONLY:-}" = perf ]; then
   bench_shmem
@@ -165,12 +172,7 @@ if [ "${ONLY:-}" = ep ]; then
     run mpi_ep_$tr "${mpirun_[@]}" -np 2 -x MORI_SHMEM_TRANSPORT=$tr -x MORI_SHMEM_HEAP_SIZE=256m \
       -x MORI_TIMEOUT_S=60 ./tests/mori_ep_mpi_tests ${EP_FILTER:-}
   done
-  # EP_BENCH=1: ep_bench with the DeepSeek-V3 shape (4096 tokens) and with 128 tokens, 2 PEs.
-  if [ -n "${EP_BENCH:-}" ]; then
-    run ep_bench "${mpirun_[@]}" -np 2 -x MORI_SHMEM_HEAP_SIZE=2g -x MORI_TIMEOUT_S=60 ./bench/ep_bench ${EP_BENCH_ARGS:-}
-    run ep_bench_128 "${mpirun_[@]}" -np 2 -x MORI_SHMEM_HEAP_SIZE=2g -x MORI_TIMEOUT_S=60 ./bench/ep_bench \
-      --tokens 128 --kernel all ${EP_BENCH_ARGS:-}
-  fi
+  [ -n "${EP_BENCH:-}" ] && bench_ep
   cat "$out/summary.txt"
   report_failures
   exit $rc
@@ -198,10 +200,11 @@ if [ "${ONLY:-}" = channels ]; then
   report_failures
   exit $rc
 fi
-# BENCH=1: the benchmarks first, on a quiet GPU.
+# BENCH=1: the benchmarks first, on a quiet GPU (EP_BENCH=1 adds ep_bench, as in ONLY=ep).
 if [ -n "${BENCH:-}" ]; then
   run rdma_post_rate ./bench/rdma_post_rate ${RDMA_BENCH_ARGS:-}
   bench_shmem
+  [ -n "${EP_BENCH:-}" ] && bench_ep
 fi
 # Tests that end a GPU context or a process on purpose: a kernel that traps (bad input, a bounded wait that
 # runs out) or a peer that gets killed.
