@@ -791,8 +791,8 @@ MORI_DEVICE_INLINE void FinishAndSignal(uint32_t* done, int32_t* lastFlag, uint6
 }
 
 // Block (d, b) of W x blocksPerPe: validates every token (each block, so that all agree to send nothing if
-// one id is bad), then writes the messages of the tokens for PE d whose position is its own: into d's slots
-// by stores, a token per block, or, for a PE reached over RDMA or the proxy, staged and put by its warps.
+// one id is bad), then its warps write the messages of the tokens for PE d whose position is theirs, into
+// d's slots by stores or, for a PE reached over RDMA or the proxy, staged and put by the warp.
 // Shared: 2 ints.
 MORI_GLOBAL void LlDispatchSendKernel(LlDispatchArgs a) {
   const int tid = static_cast<int>(core::FlatThreadIdx()), nt = static_cast<int>(core::FlatBlockDim());
@@ -825,35 +825,24 @@ MORI_GLOBAL void LlDispatchSendKernel(LlDispatchArgs a) {
     // Puts go to the NIC or the proxy from the warps of at most kStagedBlocks blocks: every warp that puts
     // waits in a quiet, and thousands of warps polling the proxy's host memory at once starved its copies.
     const int perPe = static_cast<int>(a.blocksPerPe);
-    const int active = perPe < kStagedBlocks ? perPe : kStagedBlocks;
-    if (direct) {
-      // Stores: a block per token, so that a 7 KB message is one or two loads per thread, not fourteen per lane
-      // of a warp waiting on each other (the latency of a load, not bandwidth, bounds a decode batch).
-      for (int t = b; t < a.numTokens; t += perPe) {
-        if (((DestMask(a.indices, t, a.topk, a.expertsPerRank) >> d) & 1) == 0) continue;
-        auto* msg = static_cast<uint8_t*>(shmem::ShmemPtr(a.recvBuf + (slotOff + t) * a.lay.msgBytes, d));
-        if (tid == 0) {
-          reinterpret_cast<int32_t*>(msg)[0] = t;
-          reinterpret_cast<uint32_t*>(msg)[1] = static_cast<uint32_t>(a.round);
-        }
-        PackMessage(msg, t, a.input, a.indices, a.weights, a.scales, a.lay, a.scaleDim, a.topk,
-                    static_cast<unsigned>(tid), static_cast<unsigned>(nt));
-      }
-    }
+    const int active = direct || perPe < kStagedBlocks ? perPe : kStagedBlocks;
     const int gw = b * warps + static_cast<int>(core::WarpId()), allWarps = active * warps;
     bool put = false;
-    for (int t = b < active && !direct ? gw : a.numTokens; t < a.numTokens; t += allWarps) {
+    for (int t = b < active ? gw : a.numTokens; t < a.numTokens; t += allWarps) {
       if (((DestMask(a.indices, t, a.topk, a.expertsPerRank) >> d) & 1) == 0) continue;
       uint8_t* remote = a.recvBuf + (slotOff + t) * a.lay.msgBytes;
-      uint8_t* msg = a.sendBuf + (static_cast<size_t>(d) * a.maxTokens + t) * a.lay.msgBytes;
+      uint8_t* msg = direct ? static_cast<uint8_t*>(shmem::ShmemPtr(remote, d))
+                            : a.sendBuf + (static_cast<size_t>(d) * a.maxTokens + t) * a.lay.msgBytes;
       if (core::LaneId() == 0) {
         reinterpret_cast<int32_t*>(msg)[0] = t;
         reinterpret_cast<uint32_t*>(msg)[1] = static_cast<uint32_t>(a.round);
       }
       PackMessage(msg, t, a.input, a.indices, a.weights, a.scales, a.lay, a.scaleDim, a.topk, core::LaneId(),
                   MORI_WARP_SIZE);
-      shmem::ShmemPutMemNbiWarp(remote, msg, a.lay.msgBytes, d);
-      put = true;
+      if (!direct) {
+        shmem::ShmemPutMemNbiWarp(remote, msg, a.lay.msgBytes, d);
+        put = true;
+      }
     }
     if (put && core::LaneId() == 0) shmem::ShmemQuietThread();  // the warp's puts are complete at d
   }
@@ -915,19 +904,14 @@ MORI_GLOBAL void LlDispatchRecvKernel(LlRecvArgs a) {
       const int incl = BlockScan(scan, flag ? 1 : 0, &found);
       if (flag) hits[incl - 1] = q;
       core::SyncThreads();
-      // This block's hits: n = running + h with n % per == part. A decode batch has a few per block: the whole
-      // block copies each (a warp per hit left most of the block idle and took fourteen dependent loads per
-      // lane for a 7 KB row); a large one has many, a warp each.
+      // This block's hits: n = running + h with n % per == part.
       const int first = ((part - running) % per + per) % per;
-      const int mine = found > first ? (found - first + per - 1) / per : 0;
-      const bool byBlock = mine <= warps;
-      for (int h = first + (byBlock ? 0 : warp * per); h < found; h += (byBlock ? 1 : warps) * per) {
+      for (int h = first + warp * per; h < found; h += warps * per) {
         const int slot = hits[h];
         const uint8_t* msg = a.recvBuf + static_cast<size_t>(slot) * a.lay.msgBytes;
         const size_t row = e * stride + running + h;
-        UnpackMessage(a.out, row, msg, a.lay, a.scaleDim, a.topk, byBlock ? static_cast<unsigned>(tid) : lane,
-                      byBlock ? static_cast<unsigned>(nt) : MORI_WARP_SIZE);
-        if (byBlock ? tid == 0 : lane == 0) {
+        UnpackMessage(a.out, row, msg, a.lay, a.scaleDim, a.topk, lane, MORI_WARP_SIZE);
+        if (lane == 0) {
           a.out.srcTokenPos[row] = slot;  // source * maxTokens + position
           const auto* idx = reinterpret_cast<const int32_t*>(msg + a.lay.indexOff);
           for (int k = 0; k < a.topk; ++k) {
