@@ -345,18 +345,33 @@ MORI_GLOBAL void RouteSlotKernel(RouteArgs a) {
   if (tid == 0) a.sendCount[d] = running;
 }
 
-// Token t's data, scales, indices and weights into message msg after its header, by `count` threads of which
-// this is `index` (a block's or a warp's, as in StridedCopy).
+// Where the four parts of one token go: its data, scales, top-k expert ids and weights.
+struct TokenPlaces {
+  void* token;
+  void* scales;
+  void* indices;
+  void* weights;
+};
+
+// Token t's four parts from the caller's arrays to `to`, by `count` threads of which this is `index` (a block's
+// or a warp's, as in StridedCopy).
+MORI_DEVICE_INLINE void CopyTokenParts(const TokenPlaces& to, int t, const uint8_t* input, const int32_t* indices,
+                                       const float* weights, const float* scales, size_t tokenBytes, int scaleDim,
+                                       int topk, unsigned index, unsigned count) {
+  StridedCopy(to.token, input + static_cast<size_t>(t) * tokenBytes, tokenBytes, index, count);
+  if (scaleDim > 0) {
+    StridedCopy(to.scales, scales + static_cast<size_t>(t) * scaleDim, scaleDim * sizeof(float), index, count);
+  }
+  StridedCopy(to.indices, indices + static_cast<size_t>(t) * topk, topk * sizeof(int32_t), index, count);
+  StridedCopy(to.weights, weights + static_cast<size_t>(t) * topk, topk * sizeof(float), index, count);
+}
+
+// Token t's parts into message msg after its header.
 MORI_DEVICE_INLINE void PackMessage(uint8_t* msg, int t, const uint8_t* input, const int32_t* indices,
                                     const float* weights, const float* scales, const Layout& lay, int scaleDim,
                                     int topk, unsigned index, unsigned count) {
-  StridedCopy(msg + 16, input + static_cast<size_t>(t) * lay.tokenBytes, lay.tokenBytes, index, count);
-  if (scaleDim > 0) {
-    StridedCopy(msg + lay.scaleOff, scales + static_cast<size_t>(t) * scaleDim, scaleDim * sizeof(float), index,
-                count);
-  }
-  StridedCopy(msg + lay.indexOff, indices + static_cast<size_t>(t) * topk, topk * sizeof(int32_t), index, count);
-  StridedCopy(msg + lay.weightOff, weights + static_cast<size_t>(t) * topk, topk * sizeof(float), index, count);
+  CopyTokenParts({msg + 16, msg + lay.scaleOff, msg + lay.indexOff, msg + lay.weightOff}, t, input, indices, weights,
+                 scales, lay.tokenBytes, scaleDim, topk, index, count);
 }
 
 struct DispatchArgs {
@@ -466,43 +481,30 @@ MORI_GLOBAL void NotifyKernel(NotifyArgs a) {
 }
 
 struct DirectSendArgs {
-  const uint8_t* input;
-  const int32_t* indices;
-  const float* weights;
-  const float* scales;
-  int numTokens, topk, scaleDim, world, rank, maxTokens;
-  Layout lay;
+  DispatchArgs in;           // the tokens and their slots (sendBuf unused)
   Rows rows;
   uint8_t* rowBase;          // symmetric: the result arrays (Rows)
-  const int32_t* slotOf;
   const int32_t* sendOffset;
-  const Control* ctl;
 };
 
 // Each block takes tokens and stores each into its row on every destination PE of the token: the token, its
 // scales, top-k ids and weights, and its source.
-MORI_GLOBAL void DirectSendKernel(DirectSendArgs a) {
+MORI_GLOBAL void DirectSendKernel(DirectSendArgs args) {
+  const DispatchArgs& a = args.in;
   if (a.ctl->error != kNoError || a.ctl->aborted != 0) return;
   const unsigned tid = core::FlatThreadIdx(), nt = core::FlatBlockDim();
+  const Rows& r = args.rows;
   for (int t = static_cast<int>(core::FlatBlockIdx()); t < a.numTokens; t += static_cast<int>(core::FlatGridDim())) {
     for (int d = 0; d < a.world; ++d) {
       const int j = a.slotOf[static_cast<size_t>(t) * a.world + d];
       if (j < 0) continue;
-      const size_t row = static_cast<size_t>(a.sendOffset[d]) + j;
-      auto* peer = static_cast<uint8_t*>(shmem::ShmemPtr(a.rowBase, d));
-      StridedCopy(peer + a.rows.tokens + row * a.lay.tokenBytes, a.input + static_cast<size_t>(t) * a.lay.tokenBytes,
-                  a.lay.tokenBytes, tid, nt);
-      if (a.scaleDim > 0) {
-        StridedCopy(peer + a.rows.scales + row * a.scaleDim * sizeof(float), a.scales + static_cast<size_t>(t) * a.scaleDim,
-                    a.scaleDim * sizeof(float), tid, nt);
-      }
-      StridedCopy(peer + a.rows.indices + row * a.topk * sizeof(int32_t), a.indices + static_cast<size_t>(t) * a.topk,
-                  a.topk * sizeof(int32_t), tid, nt);
-      StridedCopy(peer + a.rows.weights + row * a.topk * sizeof(float), a.weights + static_cast<size_t>(t) * a.topk,
-                  a.topk * sizeof(float), tid, nt);
-      if (tid == 0) {
-        reinterpret_cast<int32_t*>(peer + a.rows.srcTokenPos)[row] = a.rank * a.maxTokens + t;
-      }
+      const size_t row = static_cast<size_t>(args.sendOffset[d]) + j;
+      auto* peer = static_cast<uint8_t*>(shmem::ShmemPtr(args.rowBase, d));
+      const TokenPlaces to{peer + r.tokens + row * a.lay.tokenBytes, peer + r.scales + row * a.scaleDim * sizeof(float),
+                           peer + r.indices + row * a.topk * sizeof(int32_t),
+                           peer + r.weights + row * a.topk * sizeof(float)};
+      CopyTokenParts(to, t, a.input, a.indices, a.weights, a.scales, a.lay.tokenBytes, a.scaleDim, a.topk, tid, nt);
+      if (tid == 0) reinterpret_cast<int32_t*>(peer + r.srcTokenPos)[row] = a.rank * a.maxTokens + t;
     }
   }
 }
@@ -1333,9 +1335,9 @@ void EpDispatchCombineHandle::DispatchSend(const void* input, const int32_t* ind
                   m.Counts(2), m.Total(), m.round, W, c.rank, c.maxTokensPerRank, m.Ctl()};
     core::LaunchKernel(NotifyKernel, Dim3(1), Dim3(m.routeThreads), 2 * sizeof(int32_t), stream, na);
     CheckLaunch("dispatch notify");
-    DirectSendArgs da{static_cast<const uint8_t*>(input), indices, weights, scales, numTokens, c.topk, c.scaleDim,
-                      W, c.rank, c.maxTokensPerRank, m.lay, m.rows, m.rowBase, m.slotOf.DataAs<int32_t>(),
-                      m.Counts(5), m.Ctl()};
+    DirectSendArgs da{{static_cast<const uint8_t*>(input), indices, weights, scales, numTokens, c.topk, c.scaleDim, W,
+                       c.rank, c.maxTokensPerRank, m.lay, m.slotOf.DataAs<int32_t>(), nullptr, m.Ctl()},
+                      m.rows, m.rowBase, m.Counts(5)};
     if (numTokens > 0) {
       core::LaunchKernel(DirectSendKernel, Dim3(m.blocks), Dim3(m.threads), 0, stream, da);
       CheckLaunch("dispatch send");
