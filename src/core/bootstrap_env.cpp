@@ -1,4 +1,10 @@
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
 #include <cstdlib>
+#include <mutex>
+#include <thread>
 
 #include "mori/core/config.hpp"
 #include "mori/core/env.hpp"
@@ -103,9 +109,33 @@ LaunchEnvironment DetectLaunchEnvironment() {
   return env;
 }
 
+void ExitWithLauncher(Launcher launcher) {
+  const std::string mode = EnvGetChoice("MORI_EXIT_WITH_LAUNCHER");
+  const bool want = mode == "on" || (mode == "auto" && (launcher == Launcher::Mpi || launcher == Launcher::Torchrun));
+  if (!want) return;
+  static std::once_flag once;
+  std::call_once(once, [launcher] {
+    const pid_t launcherPid = getppid();
+    // Detached: it only sleeps and reads a pid, and must not hold the process at exit.
+    std::thread([launcherPid, launcher] {
+      for (;;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (getppid() == launcherPid) continue;
+        MORI_LOG_ERROR(Core,
+                       "the launcher of this process (%s, pid %d) is gone: exiting so that no rank of a killed job "
+                       "keeps running (MORI_EXIT_WITH_LAUNCHER=off keeps it)",
+                       LauncherName(launcher), static_cast<int>(launcherPid));
+        kill(getpid(), SIGKILL);
+      }
+    }).detach();
+    MORI_LOG_DEBUG(Core, "exits with its launcher (%s, pid %d)", LauncherName(launcher), static_cast<int>(launcherPid));
+  });
+}
+
 std::shared_ptr<Bootstrap> CreateBootstrapFromEnvironment(double timeoutSeconds) {
   LaunchEnvironment env = DetectLaunchEnvironment();
   MORI_LOG_INFO(Bootstrap, "launch environment: %s", env.Describe().c_str());
+  ExitWithLauncher(env.launcher);
   for (const auto& name : UnknownMoriEnvVars()) {
     MORI_LOG_WARN(Core, "%s is set but is not a mori variable (a typo? mori-info lists them all)", name.c_str());
   }

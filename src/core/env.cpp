@@ -38,6 +38,9 @@ const std::vector<EnvParamInfo>& kRegistry = *new std::vector<EnvParamInfo>{
      "address of rank 0's bootstrap listener: ip:port, [ipv6]:port or interface:ip:port"},
     {"MORI_RANK", EnvType::Int, "", "", "this process's rank when launched without mpirun or torchrun"},
     {"MORI_WORLD_SIZE", EnvType::Int, "", "", "number of ranks when launched without mpirun or torchrun"},
+    {"MORI_EXIT_WITH_LAUNCHER", EnvType::Choice, "auto", "auto|on|off",
+     "end this process (SIGKILL) when the process that launched it is gone, so that a rank never outlives a killed "
+     "job with its kernels spinning: auto does so under mpirun and torchrun, on for any launch, off never"},
     {"MORI_RDMA_BACKEND", EnvType::Choice, "auto", "auto|directverbs|ibverbs|emulated",
      "which RDMA backend serves GPU-initiated transfers: auto picks DirectVerbs when an mlx5 NIC is present, "
      "else the emulated NIC"},

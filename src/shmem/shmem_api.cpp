@@ -162,6 +162,14 @@ int Start(const char* op, std::shared_ptr<core::Bootstrap> bootstrap) {
   std::lock_guard<std::mutex> lock(RuntimeMutex());
   auto& rt = TheRuntime();
   MORI_CHECK(rt == nullptr, core::ErrorCode::InvalidUsage, "%s: the runtime is already initialised", op);
+  // Started from a unique id or an MPI communicator, a rank of mpirun or torchrun still ends with its launcher.
+  core::Launcher launcher = core::Launcher::Single;
+  try {
+    launcher = core::DetectLaunchEnvironment().launcher;
+  } catch (const core::Error&) {
+    // A partial launch environment matters only to the environment bootstrap, which reports it itself.
+  }
+  core::ExitWithLauncher(launcher);
   rt = std::make_unique<Runtime>(std::move(bootstrap));
   detail::PreloadStreamKernels();
   return 0;

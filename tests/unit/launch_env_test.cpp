@@ -1,6 +1,13 @@
 // Reading the launch environment: mori's variables, torchrun's, mpirun's, and the errors for partial or
 // inconsistent settings.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include "../common/test_util.hpp"
 #include "mori/core/errors.hpp"
@@ -112,6 +119,61 @@ TEST(LaunchEnv, MpirunVariables) {
   EXPECT_TRUE(env.rootAddress.empty()) << "MPI itself is the bootstrap";
   ScopedEnv bad("OMPI_COMM_WORLD_RANK", "4");
   ExpectInvalid("OMPI_COMM_WORLD_RANK=4");
+}
+
+// A rank started by mpirun whose launcher is killed is gone within a second (MORI_EXIT_WITH_LAUNCHER=auto), and
+// stays with off. Three generations: this test (adopting orphans as a child subreaper, so it can wait for the
+// rank), a stand-in launcher, and the rank with mpirun's variables.
+TEST(LaunchEnv, ARankEndsWithItsLauncher) {
+  CleanLaunchEnv clean;
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  for (const char* mode : {"auto", "off"}) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    const pid_t launcher = fork();
+    ASSERT_GE(launcher, 0);
+    if (launcher == 0) {
+      const pid_t rank = fork();
+      if (rank == 0) {
+        setenv("OMPI_COMM_WORLD_RANK", "0", 1);
+        setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
+        setenv("MORI_EXIT_WITH_LAUNCHER", mode, 1);
+        ExitWithLauncher(DetectLaunchEnvironment().launcher);
+        const pid_t me = getpid();
+        if (write(fds[1], &me, sizeof(me)) != sizeof(me)) _exit(3);
+        sleep(20);  // the launcher's death ends it long before, unless off
+        _exit(0);
+      }
+      pause();
+      _exit(0);
+    }
+    close(fds[1]);
+    pid_t rank = 0;
+    ASSERT_EQ(read(fds[0], &rank, sizeof(rank)), static_cast<ssize_t>(sizeof(rank)));
+    close(fds[0]);
+    ASSERT_EQ(kill(launcher, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+    // The rank is this process's child now; it should end (auto) or not (off) within 1.5 s.
+    const auto start = std::chrono::steady_clock::now();
+    pid_t ended = 0;
+    while (std::chrono::steady_clock::now() - start < std::chrono::milliseconds(1500)) {
+      ended = waitpid(rank, &status, WNOHANG);
+      if (ended != 0) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    if (std::string(mode) == "auto") {
+      EXPECT_EQ(ended, rank) << "the rank outlived its launcher by 1.5 s";
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+    } else {
+      EXPECT_EQ(ended, 0) << "MORI_EXIT_WITH_LAUNCHER=off: the rank ended with its launcher (status " << status << ")";
+    }
+    if (ended == 0) {
+      kill(rank, SIGKILL);
+      waitpid(rank, &status, 0);
+    }
+  }
+  EXPECT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
 }
 
 }  // namespace

@@ -26,6 +26,13 @@ const char* LauncherName(Launcher launcher);
 // Precedence: MORI_* over torchrun's over mpirun's.
 LaunchEnvironment DetectLaunchEnvironment();
 
+// Ties this process's life to its launcher's (MORI_EXIT_WITH_LAUNCHER): when the process that started it
+// (mpirun, torchrun's agent) is gone, this one is killed within about 100 ms, with a log line naming the
+// launcher's pid. A watcher thread compares the parent's pid every 100 ms: unlike PR_SET_PDEATHSIG it does not
+// fire when the launcher's forking thread ends while the launcher lives. Idempotent; SHMEM's init and
+// CreateBootstrapFromEnvironment call it.
+void ExitWithLauncher(Launcher launcher);
+
 // An initialised bootstrap for this process: MpiBootstrap over MPI_COMM_WORLD under mpirun when mori has
 // MPI (initialising MPI if the program has not, and finalising it at exit), else a SocketBootstrap.
 // Under torchrun the root listens at MASTER_PORT + 1 (torchrun's own store holds MASTER_PORT).
