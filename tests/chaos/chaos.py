@@ -1,0 +1,534 @@
+#!/usr/bin/env python3
+"""Kills one PE of a 4-PE shmem_chaos job with SIGKILL at a random moment, again and again, and checks the rest.
+
+Each kill is a trial with its own seed (derived from --seed and printed; --kill-seed reruns one alone). A trial
+starts the ranks itself (mpirun would take the whole job down with the dead rank), waits until every rank has
+printed its ready line, waits a random 0.05-0.5 s more (a round takes a few milliseconds, so that lands on a
+uniformly random point of the round cycle), and SIGKILLs a random rank. Every survivor must then end within
+MORI_TIMEOUT_S + --slack-s of the kill, by itself, with exit code 1 and output that names the dead PE
+("PE d", "pe d" or "rank d"), or names a survivor whose own failure leads there (see resolve_naming); it must
+not die of a signal, print a sanitizer report, report a corruption, or exit 0. After the trial no process of the
+job may remain (found by a tag in the environment), no socket the job held may still exist (/proc/net), nothing
+may listen on its bootstrap port, and /dev/shm may hold no new file that no other process holds.
+
+The slack covers what MORI_TIMEOUT_S does not: a survivor's wait can start a little after the kill (it was
+between rounds), and the exit itself (joining NIC and proxy threads, unmapping the heap).
+
+Exit status: 0 when every trial passed, 1 otherwise (each failure prints the command that reruns its seed).
+"""
+
+import argparse
+import collections
+import concurrent.futures
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+RANKS = 4
+TRANSPORTS = {
+    "p2p": {"MORI_SHMEM_TRANSPORT": "p2p"},
+    "rdma": {"MORI_SHMEM_TRANSPORT": "rdma"},
+    "proxy_tcp": {"MORI_SHMEM_TRANSPORT": "proxy", "MORI_SHMEM_PROXY_CONN": "tcp"},
+    "proxy_rdma": {"MORI_SHMEM_TRANSPORT": "proxy", "MORI_SHMEM_PROXY_CONN": "rdma"},
+}
+SLOT_BYTES = (512, 4096, 32768)
+TAG_VAR = "CHAOS_JOB_TAG"  # not MORI_*: the runtime warns about MORI_* names it does not know
+SANITIZER = re.compile(r"ERROR: AddressSanitizer|ERROR: LeakSanitizer|WARNING: ThreadSanitizer|"
+                       r"ERROR: ThreadSanitizer|runtime error:|ERROR: UndefinedBehaviorSanitizer")
+PORT_IN_USE = re.compile(r"[Aa]ddress already in use")
+PROC_SCAN_ERRORS = (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError)
+
+
+def derive_seeds(seed, count):
+    rng = random.Random(seed)
+    return [rng.getrandbits(32) for _ in range(count)]
+
+
+def free_port(rng):
+    for _ in range(200):
+        port = rng.randrange(20000, 30000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise RuntimeError("no free port in 20000-30000")
+
+
+def fd_targets(pid):
+    """Where the process's descriptors point (socket:[inode], paths); raises when the process is gone."""
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            yield os.readlink(f"/proc/{pid}/fd/{fd}")
+        except PROC_SCAN_ERRORS:
+            continue
+
+
+def shm_name(text):
+    """A /dev/shm path as /proc shows it, without the ' (deleted)' of an unlinked file."""
+    return text[:-len(" (deleted)")] if text.endswith(" (deleted)") else text
+
+
+def scan_processes():
+    """Every process's socket inodes and /dev/shm files (open or mapped), by pid."""
+    sockets, shm = {}, {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        pid = int(name)
+        try:
+            for target in fd_targets(pid):
+                if target.startswith("socket:["):
+                    sockets.setdefault(int(target[8:-1]), pid)
+                elif target.startswith("/dev/shm/"):
+                    shm.setdefault(shm_name(target), pid)
+            with open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    at = line.find("/dev/shm/")
+                    if at >= 0:
+                        shm.setdefault(shm_name(line[at:].rstrip("\n")), pid)
+        except PROC_SCAN_ERRORS:
+            continue
+    return sockets, shm
+
+
+def job_sockets(pids):
+    inodes = set()
+    for pid in pids:
+        try:
+            inodes.update(int(t[8:-1]) for t in fd_targets(pid) if t.startswith("socket:["))
+        except PROC_SCAN_ERRORS:
+            continue
+    return inodes
+
+
+def kernel_sockets():
+    """Inode -> description of every TCP and Unix socket the kernel still has."""
+    out = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/net/{table}") as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    state = "LISTEN" if fields[3] == "0A" else f"state {fields[3]}"
+                    inode = int(fields[9])
+                    if inode != 0:
+                        out[inode] = f"{table} {fields[1]} {state}"
+        except FileNotFoundError:
+            continue
+    try:
+        with open("/proc/net/unix") as f:
+            next(f)
+            for line in f:
+                fields = line.split()
+                out[int(fields[6])] = "unix " + (fields[7] if len(fields) > 7 else "(unnamed)")
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def tagged_processes(tag):
+    needle = f"{TAG_VAR}={tag}".encode() + b"\0"
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle in f.read() + b"\0":
+                    found.append(int(name))
+        except (OSError, ProcessLookupError):
+            continue
+    return found
+
+
+def thread_report(pid):
+    """What a hung process's threads are doing: gdb backtraces when gdb can attach, else each thread's wchan."""
+    gdb = shutil.which("gdb")
+    if gdb:
+        try:
+            r = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 12"],
+                               capture_output=True, text=True, timeout=30)
+            lines = [l for l in r.stdout.splitlines() if l.startswith(("Thread ", "#"))]
+            if lines:
+                return "\n".join(lines)
+        except (subprocess.TimeoutExpired, OSError):
+            pass
+    out = []
+    try:
+        for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    comm = f.read().strip()
+                with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                    wchan = f.read().strip()
+                out.append(f"thread {tid} {comm}: {wchan}")
+            except PROC_SCAN_ERRORS:
+                continue
+    except PROC_SCAN_ERRORS:
+        pass
+    return "\n".join(out)
+
+
+class Trial:
+    def __init__(self, args, seed, index):
+        self.args = args
+        self.seed = seed
+        self.index = index
+        rng = random.Random(seed)
+        self.victim = rng.randrange(RANKS)
+        self.delay = rng.uniform(0.05, 0.5)
+        self.bytes = rng.choice(SLOT_BYTES)
+        self.port_rng = random.Random(seed ^ 0x5A5A5A5A)  # retries change the port, not the trial
+        self.tag = f"{os.getpid()}-{seed:08x}"
+        self.problems = []  # failures of this trial, one line each
+        self.notes = []  # remarks that are not failures
+        self.survivors = {}  # rank -> what it did: outcome, seconds after the kill, the PEs it named
+        self.leaks = 0
+        self.log = ""  # every rank's output
+
+    def fail(self, category, text):
+        self.problems.append((category, text))
+
+    def start(self, workdir):
+        port = free_port(self.port_rng)
+        base = dict(os.environ)
+        for name in [n for n in base if n.startswith("MORI_")]:
+            del base[name]
+        base.update(TRANSPORTS[self.args.transport])
+        base.update({
+            "MORI_WORLD_SIZE": str(RANKS),
+            "MORI_BOOTSTRAP_ADDR": f"127.0.0.1:{port}",
+            "MORI_BOOTSTRAP_SECRET": f"chaos-{self.tag}",
+            "MORI_SHMEM_HEAP_SIZE": self.args.heap,
+            "MORI_TIMEOUT_S": str(self.args.timeout_s),
+            TAG_VAR: self.tag,
+        })
+        procs, files = [], []
+        for rank in range(RANKS):
+            env = dict(base, MORI_RANK=str(rank))
+            path = os.path.join(workdir, f"rank{rank}.log")
+            f = open(path, "w+b")
+            files.append(f)
+            argv = [self.args.program, "--bytes", str(self.bytes), "--barrier-every", str(self.args.barrier_every)]
+            procs.append(subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        self.port = port
+        return procs, files, port
+
+    @staticmethod
+    def output(files, rank):
+        f = files[rank]
+        f.flush()
+        f.seek(0)
+        return f.read().decode(errors="replace")
+
+    def run(self):
+        with tempfile.TemporaryDirectory(prefix="mori-chaos-") as workdir:
+            shm_before = set(os.listdir("/dev/shm"))
+            for attempt in range(5):
+                procs, files, port = self.start(workdir)
+                ready, early = self.wait_ready(procs, files)
+                if ready:
+                    break
+                self.kill_all(procs)
+                rank0 = self.output(files, 0)
+                self.log = "".join(f"---- rank {r}\n{self.output(files, r)}" for r in range(RANKS))
+                for f in files:
+                    f.close()
+                if PORT_IN_USE.search(rank0) and attempt < 4:
+                    continue
+                self.fail("startup", f"the job did not reach its ready lines ({early})")
+                return self
+            else:
+                return self
+            try:
+                self.kill_and_watch(procs, files)
+            finally:
+                self.kill_all(procs)
+                self.log = "".join(f"---- rank {r}\n{self.output(files, r)}" for r in range(RANKS))
+                for f in files:
+                    f.close()
+            self.check_leaks(procs, shm_before)
+        return self
+
+    def wait_ready(self, procs, files):
+        deadline = time.monotonic() + self.args.ready_timeout_s
+        while time.monotonic() < deadline:
+            if all(" ready after " in self.output(files, r) for r in range(RANKS)):
+                return True, ""
+            for r, p in enumerate(procs):
+                if p.poll() is not None:
+                    return False, f"rank {r} exited with {p.returncode} before it was ready"
+            time.sleep(0.01)
+        return False, f"not every rank was ready after {self.args.ready_timeout_s} s"
+
+    @staticmethod
+    def kill_all(procs):
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def kill_and_watch(self, procs, files):
+        pids = [p.pid for p in procs]
+        self.sockets = job_sockets(pids)
+        time.sleep(self.delay)
+        for r, p in enumerate(procs):
+            if p.poll() is not None:
+                self.fail("early exit", f"rank {r} exited with {p.returncode} before the kill")
+        self.sockets |= job_sockets(pids)
+        procs[self.victim].send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        self.killed_at = killed_at
+        bound = self.args.timeout_s + self.args.slack_s
+        ended = {}
+        survivors = [r for r in range(RANKS) if r != self.victim]
+        self.victim_gone = None
+        while len(ended) < len(survivors) and time.monotonic() < killed_at + bound:
+            for r in survivors:
+                if r not in ended and procs[r].poll() is not None:
+                    ended[r] = time.monotonic() - killed_at
+            if self.victim_gone is None and procs[self.victim].poll() is not None:
+                self.victim_gone = time.monotonic() - killed_at
+            time.sleep(0.005)
+        hung_report = {}
+        for r in survivors:
+            if r not in ended:
+                hung_report[r] = thread_report(procs[r].pid)
+                procs[r].kill()
+        procs[self.victim].wait()
+        if procs[self.victim].returncode != -signal.SIGKILL:
+            self.fail("victim", f"rank {self.victim} ended with {procs[self.victim].returncode}, not by the SIGKILL "
+                      "(it had exited before)")
+        for r in survivors:
+            procs[r].wait()
+            text = self.output(files, r)
+            rc = procs[r].returncode
+            info = {"seconds": ended.get(r), "rc": rc, "reported": None}
+            stamp = re.search(r" FAILED .*\[monotonic ([0-9.]+) s\]", text)
+            if stamp:  # when it printed its report (both clocks are CLOCK_MONOTONIC)
+                info["reported"] = float(stamp.group(1)) - killed_at
+            self.survivors[r] = info
+            after_ready = text[text.find(" ready after "):]
+            lines = after_ready.splitlines()[1:]
+            # PEs the runtime's messages name (its log prefix names this rank itself: left out).
+            info["runtime_names"] = {int(pe) for l in lines if not l.startswith("shmem_chaos:")
+                                     for pe in re.findall(r"\b(?:PE|pe|rank) (\d+)\b", l)} - {r}
+            # PEs whose signal the job waited for in vain: the dead one, and any PE stuck behind it or gone.
+            info["job_names"] = {int(pe) for l in lines if l.startswith("shmem_chaos:")
+                                 for m in [re.search(r"no round-\d+ signal from (.*?); ", l)] if m
+                                 for pe in re.findall(r"PE (\d+)", m.group(1))}
+            if r in hung_report:
+                info["outcome"] = "hang"
+                self.fail("hang", f"rank {r} still ran {bound:.1f} s after the kill; its threads:\n"
+                          f"{hung_report[r]}")
+            elif rc < 0:
+                info["outcome"] = "crash"
+                self.fail("crash", f"rank {r} died of signal {-rc} ({signal.Signals(-rc).name})")
+            elif SANITIZER.search(text):
+                info["outcome"] = "crash"
+                self.fail("crash", f"rank {r} printed a sanitizer report (exit {rc})")
+            elif "CORRUPTION" in text:
+                info["outcome"] = "corruption"
+                self.fail("corruption", f"rank {r} found data it should not have (exit {rc})")
+            elif rc == 0:
+                info["outcome"] = "unnoticed"
+                self.fail("unnoticed", f"rank {r} exited 0 although rank {self.victim} was killed")
+            elif rc != 1 or " FAILED" not in after_ready:
+                info["outcome"] = "unexpected"
+                self.fail("unexpected", f"rank {r} exited {rc} without its FAILED line")
+            else:
+                info["outcome"] = "ok"
+        self.resolve_naming()
+
+    def resolve_naming(self):
+        """Whether each survivor named the dead PE, directly or through a chain of failures.
+
+        A survivor that learns of the death stops at once and sends nothing more (its kernel traps; a failed proxy
+        drops every later request), and one that is stuck on the dead PE sends nothing either. A survivor waiting
+        for it then sees it go silent (or its NIC or connection vanish) and may name only it: a true report, that
+        leads to the dead PE when that PE's own report does. So a survivor passes when it names the dead PE, or
+        names a PE whose report leads there ("cascade"); one whose names lead nowhere (none, or only each other)
+        fails.
+        """
+        for info in self.survivors.values():
+            info["named"] = "direct" if self.victim in info["runtime_names"] | info["job_names"] else "unnamed"
+            info["runtime_named"] = self.victim in info["runtime_names"]
+            info["job_named"] = self.victim in info["job_names"]
+            info["job_exact"] = info["job_names"] == {self.victim}
+        changed = True
+        while changed:
+            changed = False
+            for r, info in self.survivors.items():
+                if info["named"] != "unnamed":
+                    continue
+                if any(self.survivors.get(p, {}).get("named") in ("direct", "cascade")
+                       for p in info["runtime_names"] | info["job_names"]):
+                    info["named"] = "cascade"
+                    changed = True
+        for r, info in self.survivors.items():
+            if info["outcome"] == "ok" and info["named"] == "unnamed":
+                named = sorted(info["runtime_names"] | info["job_names"])
+                info["outcome"] = "unnamed"
+                self.fail("unnamed", f"rank {r} names neither PE {self.victim} nor a PE whose failure leads to it "
+                          f"(named: {named or 'none'})")
+
+    def check_leaks(self, procs, shm_before):
+        left = tagged_processes(self.tag)
+        if left:
+            self.leaks += len(left)
+            self.fail("leak", f"processes of the job still exist: {left}")
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        still = kernel_sockets()
+        kept = {i: still[i] for i in self.sockets if i in still}
+        owners, shm_owners = scan_processes()
+        kept = {i: d for i, d in kept.items() if i not in owners}  # a reused inode now belongs to someone else
+        if kept:
+            self.leaks += len(kept)
+            self.fail("leak", "sockets of the job outlive it: " +
+                      ", ".join(f"{d} (inode {i})" for i, d in kept.items()))
+        if f"tcp 0100007F:{self.port:04X} LISTEN" in still.values():
+            self.leaks += 1
+            self.fail("leak", f"the job's bootstrap port {self.port} still has a listener")
+        gained = set(os.listdir("/dev/shm")) - shm_before
+        orphans = sorted(g for g in gained if f"/dev/shm/{g}" not in shm_owners)
+        if orphans:
+            self.leaks += len(orphans)
+            self.fail("leak", f"/dev/shm gained files that no process holds: {orphans}")
+        elif gained:
+            self.notes.append(f"/dev/shm gained {len(gained)} files held by other processes (not this job's)")
+
+    def rerun_command(self):
+        a = self.args
+        return (f"{sys.executable} {os.path.abspath(__file__)} --program {a.program} --transport {a.transport} "
+                f"--timeout-s {a.timeout_s} --slack-s {a.slack_s} --heap {a.heap} --barrier-every {a.barrier_every} "
+                f"--kill-seed {self.seed:#010x}")
+
+    def summary(self):
+        parts = []
+        for r, info in sorted(self.survivors.items()):
+            secs = "-" if info["seconds"] is None else f"{info['seconds']:.2f} s"
+            by = "runtime+job" if info["runtime_named"] and info["job_named"] else (
+                "runtime" if info["runtime_named"] else "job" if info["job_named"] else "nobody")
+            how = f"named by {by}" if info["named"] == "direct" else (
+                f"cascade via {sorted(info['runtime_names'] | info['job_names'])}" if info["named"] == "cascade"
+                else "unnamed")
+            parts.append(f"{r}:{info['outcome']} {secs} {how}")
+        gone = "-" if getattr(self, "victim_gone", None) is None else f"{self.victim_gone:.2f} s"
+        return (f"kill {self.index} seed {self.seed:#010x}: rank {self.victim} {self.delay:.3f} s after ready "
+                f"(gone {gone} later), {self.bytes} B per pair; survivors " + ", ".join(parts) +
+                ("; " + "; ".join(self.notes) if self.notes else "") +
+                ("" if not self.problems else "  <-- FAILED: " + ", ".join(sorted({c for c, _ in self.problems}))))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--program", required=True, help="the shmem_chaos executable")
+    parser.add_argument("--transport", required=True, choices=sorted(TRANSPORTS))
+    parser.add_argument("--kills", type=int, default=50, help="trials, one SIGKILL each (default 50)")
+    parser.add_argument("--seed", type=lambda s: int(s, 0), default=None,
+                        help="derives every trial's seed (default: a random one, printed)")
+    parser.add_argument("--kill-seed", type=lambda s: int(s, 0), default=None, help="run only the trial of this seed")
+    parser.add_argument("--timeout-s", type=int, default=2, help="MORI_TIMEOUT_S of the job (default 2)")
+    parser.add_argument("--slack-s", type=float, default=1.5,
+                        help="how much longer than MORI_TIMEOUT_S after the kill a survivor may take to end "
+                        "(default 1.5)")
+    parser.add_argument("--heap", default="32m", help="MORI_SHMEM_HEAP_SIZE (default 32m)")
+    parser.add_argument("--barrier-every", type=int, default=0,
+                        help="the job's host ShmemBarrierAll every so many rounds (default 0: none)")
+    parser.add_argument("--jobs", type=int, default=2, help="trials run at the same time (default 2)")
+    parser.add_argument("--ready-timeout-s", type=float, default=30, help="bound on start-up (default 30)")
+    parser.add_argument("--verbose", action="store_true", help="print every rank's output (failed trials always)")
+    args = parser.parse_args()
+    args.program = os.path.abspath(args.program)
+
+    if args.kill_seed is not None:
+        seeds = [args.kill_seed]
+        print(f"chaos {args.transport}: one trial, seed {args.kill_seed:#010x}", flush=True)
+    else:
+        if args.seed is None:
+            args.seed = random.SystemRandom().getrandbits(32)
+        seeds = derive_seeds(args.seed, args.kills)
+        print(f"chaos {args.transport}: {args.kills} kills from --seed {args.seed:#x}, "
+              f"MORI_TIMEOUT_S={args.timeout_s}, slack {args.slack_s} s, {args.jobs} at a time", flush=True)
+
+    start = time.monotonic()
+    lock = threading.Lock()
+    counts = collections.Counter()
+    seconds = []
+    reported = []
+    exits = []  # from the report to the end of the process
+    failed = []
+
+    def report(trial):
+        with lock:
+            print(trial.summary(), flush=True)
+            for info in trial.survivors.values():
+                counts[info["outcome"]] += 1
+                counts["survivors"] += 1
+                counts["runtime_named"] += info["runtime_named"]
+                counts["job_named"] += info["job_named"]
+                counts["job_exact"] += info["job_exact"]
+                counts["named " + info["named"]] += 1
+                if info["seconds"] is not None:
+                    seconds.append(info["seconds"])
+                if info["reported"] is not None:
+                    reported.append(info["reported"])
+                    if info["seconds"] is not None:
+                        exits.append(info["seconds"] - info["reported"])
+            for category, _ in trial.problems:
+                counts["problem " + category] += 1
+            counts["leaks"] += trial.leaks
+            if trial.problems:
+                failed.append(trial)
+                for category, text in trial.problems:
+                    print(f"  [{category}] {text}".replace("\n", "\n    "), flush=True)
+                print(f"  reproduce: {trial.rerun_command()}", flush=True)
+            if args.verbose or trial.problems:
+                print("    " + trial.log.rstrip("\n").replace("\n", "\n    "), flush=True)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(Trial(args, s, i + 1).run) for i, s in enumerate(seeds)]
+        for fut in concurrent.futures.as_completed(futures):
+            report(fut.result())
+
+    elapsed = time.monotonic() - start
+    other = counts["unexpected"] + counts["problem startup"] + counts["problem early exit"] + counts["problem victim"]
+    span = f"{min(seconds):.2f}..{max(seconds):.2f} s" if seconds else "-"
+    told = f"{min(reported):.2f}..{max(reported):.2f} s" if reported else "-"
+    exit_span = f"{max(0.0, min(exits)):.2f}..{max(exits):.2f} s" if exits else "-"
+    print(f"chaos_shmem_{args.transport}: {len(seeds)} kills, {counts['survivors']} survivors: "
+          f"hangs {counts['hang']}, crashes {counts['crash']}, silent corruptions {counts['corruption']}, "
+          f"unnoticed deaths {counts['unnoticed']}, dead PE unnamed {counts['unnamed']}, leaks {counts['leaks']}, "
+          f"other failures {other}; dead PE named directly by {counts['named direct']} (in the runtime's "
+          f"messages {counts['runtime_named']}, in the job's {counts['job_named']}, the job's naming it alone "
+          f"{counts['job_exact']}), only through a cascade by {counts['named cascade']}; survivors reported {told} "
+          f"and ended {span} after the kill (bound {args.timeout_s + args.slack_s:.1f} s; report to exit "
+          f"{exit_span}); {elapsed:.1f} s", flush=True)
+    if failed:
+        print(f"FAILED: {len(failed)} of {len(seeds)} trials; rerun one with --kill-seed (see 'reproduce' above); "
+              f"this run: --seed {args.seed:#x}" if args.seed is not None else "FAILED", flush=True)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
