@@ -143,11 +143,12 @@ raise SystemExit("no MoriError")
 """
 
 
-# A dead peer is found by the receive that sees its socket close or by a send it resets, whichever comes
-# first: either message names rank 1.
+# A dead peer is found by the receive that sees its socket close, by a send it resets, or by a send to a rank
+# whose connection the receiver already found closed, whichever comes first: each message names rank 1.
 @pytest.mark.parametrize("case,causes", [("missing", ["rank(s) 1 of 2 never registered"]),
                                          ("dies", ["rank 1 closed its bootstrap connection",
-                                                   "rank 1 closed the connection (process gone?)"])])
+                                                   "rank 1 closed the connection (process gone?)",
+                                                   "cannot send to rank 1: closed its bootstrap connection"])])
 def test_a_missing_or_dead_peer_raises_instead_of_hanging(case, causes):
     port = free_port_pair()
     report = run_all([([sys.executable, "-c", PEER_FAILURE],
