@@ -423,9 +423,6 @@ struct NotifyArgs {
   uint64_t* table;           // symmetric [W * W]: entry s * W + d = round << 32 | rows s sends to d
   const int32_t* sendCount;  // [W]
   int32_t* sendOffset;       // [W]: this PE's first row on each PE
-  int32_t* recvCount;        // [W]: rows from each source
-  int32_t* recvOffset;       // [W]
-  int32_t* total;            // rows received, -1 when the round is aborted
   uint64_t round;
   int world, rank, maxCount;
   Control* ctl;
@@ -466,13 +463,7 @@ MORI_GLOBAL void NotifyKernel(NotifyArgs a) {
     return static_cast<int32_t>(static_cast<uint32_t>(
         core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::System>(a.table + s * W + d)));
   };
-  int32_t sum = 0;
-  for (int s = 0; s < W; ++s) {
-    a.recvOffset[s] = sum;
-    a.recvCount[s] = aborted ? 0 : count(s, a.rank);
-    sum += a.recvCount[s];
-  }
-  *a.total = aborted ? -1 : sum;
+  // (What this PE receives is counted by ReceiveKernel from the data signals, as for the other kernel types.)
   for (int d = 0; d < W && !aborted; ++d) {
     int32_t before = 0;
     for (int s = 0; s < a.rank; ++s) before += count(s, d);
@@ -1331,8 +1322,8 @@ void EpDispatchCombineHandle::DispatchSend(const void* input, const int32_t* ind
   CheckLaunch("dispatch route (slots)");
 
   if (direct) {
-    NotifyArgs na{reinterpret_cast<uint64_t*>(m.rowBase + m.rows.table), m.Counts(0), m.Counts(5), m.Counts(1),
-                  m.Counts(2), m.Total(), m.round, W, c.rank, c.maxTokensPerRank, m.Ctl()};
+    NotifyArgs na{reinterpret_cast<uint64_t*>(m.rowBase + m.rows.table), m.Counts(0), m.Counts(5), m.round, W,
+                  c.rank, c.maxTokensPerRank, m.Ctl()};
     core::LaunchKernel(NotifyKernel, Dim3(1), Dim3(m.routeThreads), 2 * sizeof(int32_t), stream, na);
     CheckLaunch("dispatch notify");
     DirectSendArgs da{{static_cast<const uint8_t*>(input), indices, weights, scales, numTokens, c.topk, c.scaleDim, W,
