@@ -144,6 +144,24 @@ bench_ep() {
     --tokens 128 --kernel all ${EP_BENCH_ARGS:-}
 }
 
+# Killed jobs (scripts/killed_job_check.sh): a 2-PE job ended by TERM, INT or KILL to mpirun, or TERM to one rank,
+# under p2p and rdma; no rank may outlive mpirun and the next job on the GPU must pass.
+killed_jobs() {
+  local sig target tr
+  for tr in p2p rdma; do
+    for case in TERM:launcher INT:launcher KILL:launcher TERM:rank; do
+      sig=${case%%:*} target=${case##*:}
+      run "killed_job_${tr}_${sig,,}_$target" "$repo/scripts/killed_job_check.sh" "$sig" "$target" "$tr" "${mpirun_[@]}"
+    done
+  done
+  grep -h "^killed_job" "$out"/killed_job_*.log > "$out/killed_jobs.txt" 2>/dev/null
+}
+# ONLY=kill: the killed jobs alone.
+if [ "${ONLY:-}" = kill ]; then
+  killed_jobs
+  cat "$out/summary.txt" "$out/killed_jobs.txt"
+  exit $rc
+fi
 # ONLY=perf: the benchmarks alone.
 if [ "${ONLY:-}" = perf ]; then
   bench_shmem
@@ -287,6 +305,7 @@ if [ "${CTEST:-1}" != 0 ]; then
   } > "$out/examples.log" 2>&1
   echo "large-message examples: $((SECONDS - start)) s" | tee -a "$out/summary.txt"
 fi
+[ "${CTEST:-1}" != 0 ] && killed_jobs
 # The CUDA build's Debian package, when one was built on the development machine and carried
 # (cmake --build build-cuda --target package; cp build-cuda/mori_*.deb .carry/): extracted into a scratch
 # root, mori-info and a two-PE SHMEM example run from it with a clean environment.

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Kills one PE of a 4-PE shmem_chaos job with SIGKILL at a random moment, again and again, and checks the rest.
+(--signal TERM or INT kills with that signal instead: it must end a mori process just as promptly, by the signal.)
 
 Each kill is a trial with its own seed (derived from --seed and printed; --kill-seed reruns one alone). A trial
 starts the ranks itself (mpirun would take the whole job down with the dead rank), waits until every rank has
@@ -50,6 +51,11 @@ PROC_SCAN_ERRORS = (FileNotFoundError, ProcessLookupError, PermissionError, NotA
 def derive_seeds(seed, count):
     rng = random.Random(seed)
     return [rng.getrandbits(32) for _ in range(count)]
+
+
+def default_signals():
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 def free_port(rng):
@@ -221,7 +227,10 @@ class Trial:
             f = open(path, "w+b")
             files.append(f)
             argv = [self.args.program, "--bytes", str(self.bytes), "--barrier-every", str(self.args.barrier_every)]
-            procs.append(subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+            # SIGINT and SIGTERM as a shell's foreground job gets them, even if this driver was started with them
+            # ignored (a background job of a shell without job control ignores SIGINT).
+            procs.append(subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          preexec_fn=default_signals))
         self.port = port
         return procs, files, port
 
@@ -291,7 +300,7 @@ class Trial:
             if p.poll() is not None:
                 self.fail("early exit", f"rank {r} exited with {p.returncode} before the kill")
         self.sockets |= job_sockets(pids)
-        procs[self.victim].send_signal(signal.SIGKILL)
+        procs[self.victim].send_signal(self.args.signal)
         killed_at = time.monotonic()
         self.killed_at = killed_at
         bound = self.args.timeout_s + self.args.slack_s
@@ -311,9 +320,9 @@ class Trial:
                 hung_report[r] = thread_report(procs[r].pid)
                 procs[r].kill()
         procs[self.victim].wait()
-        if procs[self.victim].returncode != -signal.SIGKILL:
-            self.fail("victim", f"rank {self.victim} ended with {procs[self.victim].returncode}, not by the SIGKILL "
-                      "(it had exited before)")
+        if procs[self.victim].returncode != -self.args.signal:
+            self.fail("victim", f"rank {self.victim} ended with {procs[self.victim].returncode}, not by the "
+                      f"{self.args.signal.name} (it had exited before, or handled the signal and exited)")
         for r in survivors:
             procs[r].wait()
             text = self.output(files, r)
@@ -443,7 +452,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--program", required=True, help="the shmem_chaos executable")
     parser.add_argument("--transport", required=True, choices=sorted(TRANSPORTS))
-    parser.add_argument("--kills", type=int, default=50, help="trials, one SIGKILL each (default 50)")
+    parser.add_argument("--kills", type=int, default=50, help="trials, one kill each (default 50)")
+    parser.add_argument("--signal", type=lambda s: signal.Signals["SIG" + s.upper().removeprefix("SIG")],
+                        default=signal.SIGKILL, help="what kills the victim: KILL (default), TERM or INT; it must end "
+                        "the process as SIGKILL does, by the signal, within the same bound")
     parser.add_argument("--seed", type=lambda s: int(s, 0), default=None,
                         help="derives every trial's seed (default: a random one, printed)")
     parser.add_argument("--kill-seed", type=lambda s: int(s, 0), default=None, help="run only the trial of this seed")
@@ -462,12 +474,12 @@ def main():
 
     if args.kill_seed is not None:
         seeds = [args.kill_seed]
-        print(f"chaos {args.transport}: one trial, seed {args.kill_seed:#010x}", flush=True)
+        print(f"chaos {args.transport}: one trial by {args.signal.name}, seed {args.kill_seed:#010x}", flush=True)
     else:
         if args.seed is None:
             args.seed = random.SystemRandom().getrandbits(32)
         seeds = derive_seeds(args.seed, args.kills)
-        print(f"chaos {args.transport}: {args.kills} kills from --seed {args.seed:#x}, "
+        print(f"chaos {args.transport}: {args.kills} kills by {args.signal.name} from --seed {args.seed:#x}, "
               f"MORI_TIMEOUT_S={args.timeout_s}, slack {args.slack_s} s, {args.jobs} at a time", flush=True)
 
     start = time.monotonic()
