@@ -14,7 +14,6 @@ shift 3
 mpirun=("$@")
 tag="killed-job-$$-$RANDOM"
 log=$(mktemp /tmp/killed-job.XXXXXX)
-export KILLED_JOB_TAG=$tag
 # Processes whose environment carries this run's tag (mpirun, its daemons and the ranks).
 tagged() {
   grep -lsz "^KILLED_JOB_TAG=$tag\$" /proc/[0-9]*/environ 2>/dev/null | sed 's|/proc/\([0-9]*\)/environ|\1|' |
@@ -26,7 +25,8 @@ elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 fail=0
 problem() { echo "killed_job $sig $target $transport: $*"; fail=1; }
 
-"${mpirun[@]}" -np 2 -x MORI_SHMEM_TRANSPORT="$transport" -x MORI_TIMEOUT_S=30 -x KILLED_JOB_TAG \
+# Only the job carries the tag (this script's own subshells must not).
+env KILLED_JOB_TAG="$tag" "${mpirun[@]}" -np 2 -x MORI_SHMEM_TRANSPORT="$transport" -x MORI_TIMEOUT_S=30 -x KILLED_JOB_TAG \
   ./tests/chaos/shmem_chaos --ready-after 20 > "$log" 2>&1 &
 job=$!
 deadline=$((SECONDS + 90))
@@ -48,21 +48,19 @@ else
 fi
 t0=$(now)
 kill -"$sig" "$victim"
-# mpirun: 30 s (Open MPI forwards TERM/INT to the ranks and waits for them); KILL to it ends it at once.
-launcher_s=""
+# mpirun: 30 s (Open MPI forwards TERM/INT to the ranks and waits for them); KILL to it ends it at once. Its ranks:
+# with MORI_EXIT_WITH_LAUNCHER a rank whose launcher is gone ends within about 0.1 s plus its exit.
+gone() { [ ! -e "/proc/$1" ] || [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = Z ]; }
+launcher_s="" ranks_s=""
 for _ in $(seq 300); do
-  kill -0 "$job" 2>/dev/null || { launcher_s=$(elapsed "$t0"); break; }
-  sleep 0.1
+  [ -z "$launcher_s" ] && gone "$job" && launcher_s=$(elapsed "$t0")
+  [ -z "$ranks_s" ] && [ -z "$(ranks)" ] && ranks_s=$(elapsed "$t0")
+  [ -n "$launcher_s" ] && [ -n "$ranks_s" ] && break
+  sleep 0.05
 done
-[ -n "$launcher_s" ] || { problem "mpirun still ran 30 s after the signal"; kill -KILL "$job"; }
+[ -n "$launcher_s" ] || { problem "mpirun still ran 15 s after the signal"; kill -KILL "$job"; }
 wait "$job" 2>/dev/null
 launcher_rc=$?
-# The ranks: with MORI_EXIT_WITH_LAUNCHER a rank whose launcher is gone ends within about 0.1 s plus its exit.
-ranks_s=""
-for _ in $(seq 150); do
-  [ -z "$(ranks)" ] && { ranks_s=$(elapsed "$t0"); break; }
-  sleep 0.1
-done
 if [ -z "$ranks_s" ]; then
   problem "ranks $(ranks | paste -sd,) still ran 15 s after the signal"
   kill -KILL $(tagged) 2>/dev/null
