@@ -2,10 +2,14 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "mori/core/gpu.hpp"
 #include "mori/core/logging.hpp"
+#include "mori/core/timeout.hpp"
 
 namespace mori::core::cuda {
 
@@ -47,13 +51,111 @@ const Driver& Driver::Get() {
     Load(driver.memGetAllocationPropertiesFromHandle, "cuMemGetAllocationPropertiesFromHandle");
     Load(driver.memGetAddressRange, "cuMemGetAddressRange");
     Load(driver.moduleGetGlobal, "cuModuleGetGlobal");
+    Load(driver.devicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
   });
   return driver;
 }
 
+namespace {
+
+// Refusals of a new context that pass by themselves: an MPS server answers "busy or unavailable" for a second or
+// more while it reclaims the contexts of a client that was killed (measured on an H100: every 2-PE job started
+// within 2.5 s of a killed one failed this way), and refuses clients while it starts or is full.
+bool PassingContextRefusal(cudaError_t rc) {
+  return rc == cudaErrorDevicesUnavailable || rc == cudaErrorMpsServerNotReady ||
+         rc == cudaErrorMpsMaxClientsReached || rc == cudaErrorMpsMaxConnectionsReached;
+}
+
+bool PassingContextRefusal(CUresult rc) {
+  return rc == CUDA_ERROR_DEVICE_UNAVAILABLE || rc == CUDA_ERROR_MPS_SERVER_NOT_READY ||
+         rc == CUDA_ERROR_MPS_MAX_CLIENTS_REACHED || rc == CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED;
+}
+
+// Retries `attempt` (returning true when done, false on a passing refusal) with growing pauses until the
+// deadline; `what` names the refusal for the log and the error.
+template <typename Attempt>
+void WaitOutRefusals(Attempt attempt, const char* what) {
+  const Deadline deadline = Deadline::Default();
+  const auto start = std::chrono::steady_clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  MORI_LOG_WARN(Gpu,
+                "the GPU refused a new context (%s); retrying for up to %.0f s (MORI_TIMEOUT_S): an MPS server "
+                "refuses clients while it reclaims a killed one",
+                what, deadline.TotalSeconds());
+  auto pause = std::chrono::milliseconds(10);
+  for (;;) {
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(200));
+    if (attempt()) {
+      MORI_LOG_WARN(Gpu, "the GPU took a new context after %.2f s of refusals", seconds());
+      return;
+    }
+    if (deadline.Expired()) {
+      MORI_THROW(ErrorCode::Gpu,
+                 "the GPU refused a new context for %.1f s (MORI_TIMEOUT_S): %s; is another process holding it "
+                 "(compute mode exclusive, a stuck MPS client)?",
+                 seconds(), what);
+    }
+  }
+}
+
+// The first time: the primary context of the current device, retained through the driver, waiting out passing
+// refusals there. The runtime remembers a failed context creation for the life of the process, so it must not
+// see one; the driver's retain can be tried again. The retain is kept (the runtime shares that context).
+void RetainPrimaryContextOnce() {
+  static std::mutex mutex;
+  static bool retained[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) {
+    (void)cudaGetLastError();
+    return;  // cudaFree reports it
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  if (retained[device]) return;
+  const Driver& d = Driver::Get();
+  CUdevice dev;
+  if (d.deviceGet(&dev, device) != CUDA_SUCCESS) return;
+  CUcontext ctx = nullptr;
+  CUresult rc = d.devicePrimaryCtxRetain(&ctx, dev);
+  if (rc == CUDA_SUCCESS) {
+    retained[device] = true;
+    return;
+  }
+  if (!PassingContextRefusal(rc)) return;  // cudaFree reports it
+  const char* text = nullptr;
+  d.getErrorString(rc, &text);
+  WaitOutRefusals(
+      [&] {
+        rc = d.devicePrimaryCtxRetain(&ctx, dev);
+        if (rc == CUDA_SUCCESS) return true;
+        if (!PassingContextRefusal(rc)) {
+          MORI_THROW(ErrorCode::Gpu, "cuDevicePrimaryCtxRetain of device %d failed after refusals: error %d", device,
+                     static_cast<int>(rc));
+        }
+        return false;
+      },
+      text != nullptr ? text : "device unavailable");
+  retained[device] = true;
+}
+
+}  // namespace
+
 void EnsureContext() {
+  RetainPrimaryContextOnce();
   // cudaFree(nullptr) is the documented idiom that initialises the runtime and binds the context.
-  MORI_CHECK_GPU(cudaFree(nullptr));
+  cudaError_t rc = cudaFree(nullptr);
+  if (rc == cudaSuccess) return;
+  if (!PassingContextRefusal(rc)) MORI_CHECK_GPU(rc);
+  (void)cudaGetLastError();
+  WaitOutRefusals(
+      [&] {
+        rc = cudaFree(nullptr);
+        if (rc == cudaSuccess) return true;
+        if (!PassingContextRefusal(rc)) MORI_CHECK_GPU(rc);
+        (void)cudaGetLastError();
+        return false;
+      },
+      cudaGetErrorString(rc));
 }
 
 bool GetDmaBufFd(const void* ptr, size_t bytes, int* fd, size_t* offset) {

@@ -26,6 +26,7 @@ struct Driver {
   decltype(&::cuMemGetAllocationPropertiesFromHandle) memGetAllocationPropertiesFromHandle = nullptr;
   decltype(&::cuMemGetAddressRange) memGetAddressRange = nullptr;
   decltype(&::cuModuleGetGlobal) moduleGetGlobal = nullptr;
+  decltype(&::cuDevicePrimaryCtxRetain) devicePrimaryCtxRetain = nullptr;
 
   // Loaded once; throws NotSupported naming the entry point the driver does not have.
   static const Driver& Get();
