@@ -50,7 +50,8 @@ const std::vector<EnvParamInfo>& kRegistry = *new std::vector<EnvParamInfo>{
      "a fault knob: every WQE an emulated NIC of this process executes waits this many microseconds first"},
     {"MORI_EMULATED_NIC_FAULTS", EnvType::String, "", "",
      "a fault knob: random faults on the packets every emulated NIC of this process sends, as "
-     "seed=S,drop=P,corrupt=P,reorder=P,delay_us=MAX (P a probability per packet in [0, 1]; any subset). Lost or "
+     "seed=S,drop=P,corrupt=P,reorder=P,delay_us=MAX,ack_timeout_ms=T (P a probability per packet in [0, 1]; "
+     "any subset; ack_timeout_ms replaces MORI_TIMEOUT_S as the NIC's ack timeout). Lost or "
      "corrupted packets fail their WQE after the ack timeout; never silently wrong data (docs/CHAOS.md)"},
     {"MORI_SHMEM_HEAP_SIZE", EnvType::Size, "1g", "", "bytes of symmetric heap per PE (k, m, g suffixes); the same on every PE"},
     {"MORI_SHMEM_TRANSPORT", EnvType::Choice, "auto", "auto|p2p|rdma|proxy",

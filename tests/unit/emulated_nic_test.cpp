@@ -1513,7 +1513,9 @@ TEST_F(EmulatedNicUnderFaults, DelayAndCrossQpReorderLoseNothing) {
 
 // The spec's parser: what it accepts, and each malformed field named with the variable.
 TEST(EmulatedNicFaultSpec, ParsesAndRejectsWithTheVariableAndField) {
-  EmulatedNicFaults f = emulated::ParseFaultSpec("seed=9,drop=0.25,corrupt=1,reorder=0,delay_us=1500", "VAR");
+  EmulatedNicFaults f =
+      emulated::ParseFaultSpec("seed=9,drop=0.25,corrupt=1,reorder=0,delay_us=1500,ack_timeout_ms=300", "VAR");
+  EXPECT_EQ(f.ackTimeoutMs, 300u);
   EXPECT_EQ(f.seed, 9u);
   EXPECT_DOUBLE_EQ(f.drop, 0.25);
   EXPECT_DOUBLE_EQ(f.corrupt, 1.0);
@@ -1521,7 +1523,8 @@ TEST(EmulatedNicFaultSpec, ParsesAndRejectsWithTheVariableAndField) {
   EXPECT_EQ(f.delayUsMax, 1500u);
   EXPECT_FALSE(emulated::ParseFaultSpec("", "VAR").Any());
   for (const char* bad : {"drop=2", "drop=-0.1", "drop=x", "drop=nan", "corrupt=", "reorder", "delay_us=-1",
-                          "delay_us=1.5", "delay_us=20000000", "seed=-3", "loss=0.1"}) {
+                          "delay_us=1.5", "delay_us=20000000", "seed=-3", "loss=0.1",
+                          "ack_timeout_ms=x"}) {
     try {
       emulated::ParseFaultSpec(std::string("seed=1,") + bad, "MORI_EMULATED_NIC_FAULTS");
       ADD_FAILURE() << bad << " was accepted";

@@ -32,11 +32,14 @@ struct EmulatedNicStats {
 // transport-retry-exceeded); a request overtaken by a later one of its QP is refused (an error completion), never
 // applied out of order. Connection hellos are never faulted.
 struct EmulatedNicFaults {
-  uint64_t seed = 0;         // mixed with the process id and the NIC's index in the process
+  uint64_t seed = 0;         // mixed with MORI_RANK (else the process id) and the NIC's index
   double drop = 0;           // the sender discards the packet
   double corrupt = 0;        // one bit of the packet flips after its integrity check was computed
   double reorder = 0;        // the packet is held back and sent after the next one on its connection
   uint32_t delayUsMax = 0;   // each packet waits a random time in [0, delayUsMax] microseconds (order kept)
+  // Not a fault: the NIC's ack timeout (SetAckTimeoutMilliseconds) when not 0, so that a job can fail a lost
+  // packet's WQE with its error completion well before MORI_TIMEOUT_S ends the waits above the NIC.
+  uint32_t ackTimeoutMs = 0;
   bool Any() const { return drop > 0 || corrupt > 0 || reorder > 0 || delayUsMax > 0; }
 };
 

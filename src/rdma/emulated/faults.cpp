@@ -12,6 +12,7 @@ namespace mori::rdma::emulated {
 namespace {
 
 constexpr uint32_t kMaxFaultDelayUs = 10'000'000;  // a packet delayed longer than 10 s is a lost one
+constexpr uint32_t kMaxAckTimeoutMs = 3'600'000;
 
 uint64_t Mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -26,8 +27,8 @@ uint64_t FaultDraw::Next() {
   return Mix(state_);
 }
 
-uint64_t NicFaultSeed(uint64_t specSeed, uint64_t pid, uint64_t nicIndex) {
-  return Mix(Mix(specSeed) ^ Mix(pid << 16 | (nicIndex & 0xffff)));
+uint64_t NicFaultSeed(uint64_t specSeed, uint64_t processSalt, uint64_t nicIndex) {
+  return Mix(Mix(specSeed) ^ Mix(processSalt << 16 | (nicIndex & 0xffff)));
 }
 
 EmulatedNicFaults ParseFaultSpec(const std::string& text, const char* what) {
@@ -41,22 +42,27 @@ EmulatedNicFaults ParseFaultSpec(const std::string& text, const char* what) {
     if (field.empty()) continue;
     const size_t eq = field.find('=');
     MORI_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < field.size(), core::ErrorCode::InvalidUsage,
-               "%s='%s': field '%s' is not name=value (names: seed, drop, corrupt, reorder, delay_us)", what,
+               "%s='%s': field '%s' is not name=value (names: seed, drop, corrupt, reorder, delay_us, ack_timeout_ms)", what,
                text.c_str(), field.c_str());
     const std::string name = field.substr(0, eq);
     const std::string value = field.substr(eq + 1);
     char* stop = nullptr;
     errno = 0;
-    if (name == "seed" || name == "delay_us") {
+    if (name == "seed" || name == "delay_us" || name == "ack_timeout_ms") {
       const unsigned long long v = std::strtoull(value.c_str(), &stop, 10);
       const bool ok = errno == 0 && *stop == '\0' && value[0] != '-' &&
-                      (name == "seed" || v <= kMaxFaultDelayUs);
+                      (name == "seed" || (name == "delay_us" ? v <= kMaxFaultDelayUs : v <= kMaxAckTimeoutMs));
       MORI_CHECK(ok, core::ErrorCode::InvalidUsage, "%s='%s': field '%s' is not %s", what, text.c_str(),
-                 field.c_str(), name == "seed" ? "an unsigned integer" : "a number of microseconds in [0, 10000000]");
+                 field.c_str(),
+                 name == "seed"       ? "an unsigned integer"
+                 : name == "delay_us" ? "a number of microseconds in [0, 10000000]"
+                                      : "a number of milliseconds in [0, 3600000]");
       if (name == "seed") {
         f.seed = v;
-      } else {
+      } else if (name == "delay_us") {
         f.delayUsMax = static_cast<uint32_t>(v);
+      } else {
+        f.ackTimeoutMs = static_cast<uint32_t>(v);
       }
     } else if (name == "drop" || name == "corrupt" || name == "reorder") {
       const double p = std::strtod(value.c_str(), &stop);
@@ -65,7 +71,7 @@ EmulatedNicFaults ParseFaultSpec(const std::string& text, const char* what) {
       (name == "drop" ? f.drop : name == "corrupt" ? f.corrupt : f.reorder) = p;
     } else {
       MORI_THROW(core::ErrorCode::InvalidUsage,
-                 "%s='%s': unknown field '%s' (names: seed, drop, corrupt, reorder, delay_us)", what, text.c_str(),
+                 "%s='%s': unknown field '%s' (names: seed, drop, corrupt, reorder, delay_us, ack_timeout_ms)", what, text.c_str(),
                  field.c_str());
     }
   }
@@ -73,7 +79,8 @@ EmulatedNicFaults ParseFaultSpec(const std::string& text, const char* what) {
 }
 
 std::string FaultSpecString(const EmulatedNicFaults& f) {
-  return core::StrFormat("drop=%g,corrupt=%g,reorder=%g,delay_us=%u", f.drop, f.corrupt, f.reorder, f.delayUsMax);
+  return core::StrFormat("drop=%g,corrupt=%g,reorder=%g,delay_us=%u,ack_timeout_ms=%u", f.drop, f.corrupt, f.reorder,
+                         f.delayUsMax, f.ackTimeoutMs);
 }
 
 }  // namespace mori::rdma::emulated

@@ -9,16 +9,16 @@
 
 namespace mori::rdma::emulated {
 
-// "seed=S,drop=P,corrupt=P,reorder=P,delay_us=MAX", any subset in any order; empty: no faults. Throws
+// "seed=S,drop=P,corrupt=P,reorder=P,delay_us=MAX,ack_timeout_ms=T", any subset in any order; empty: no faults. Throws
 // InvalidUsage naming `what` (the variable) and the bad field.
 EmulatedNicFaults ParseFaultSpec(const std::string& text, const char* what);
 
 // "drop=0.1,corrupt=0,reorder=0,delay_us=0": the spec as the log line shows it.
 std::string FaultSpecString(const EmulatedNicFaults& faults);
 
-// The seed of one NIC's draws: the spec's seed mixed with the process id and the NIC's index in the process, so
-// that ranks started with one spec draw differently.
-uint64_t NicFaultSeed(uint64_t specSeed, uint64_t pid, uint64_t nicIndex);
+// The seed of one NIC's draws: the spec's seed mixed with something of the process (its rank, else its id) and
+// the NIC's index in the process, so that ranks started with one spec draw differently.
+uint64_t NicFaultSeed(uint64_t specSeed, uint64_t processSalt, uint64_t nicIndex);
 
 // Draws of one NIC (splitmix64: small, fast, and the same sequence on every platform for a seed). Not thread
 // safe: the NIC calls it under its lock.

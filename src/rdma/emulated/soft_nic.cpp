@@ -156,6 +156,17 @@ SoftNic::SoftNic(RdmaDevice* device) : RdmaDeviceContext(device) {
 SoftNic::~SoftNic() {
   stop_.store(true);
   if (engine_.joinable()) engine_.join();
+  // What the random faults did, for the run's record (tests/chaos/chaos.py sums these lines).
+  if (faultDraw_.Faults().Any() || integrityDrops_.load() != 0 || outOfSequence_.load() != 0) {
+    MORI_LOG_WARN(Rdma, "emulated NIC at %s: faults injected: dropped %llu, corrupted %llu, reordered %llu, delayed "
+                        "%llu; detected: integrity drops %llu, out of sequence %llu",
+                  listenAddr_.ToString().c_str(), static_cast<unsigned long long>(faultsDropped_.load()),
+                  static_cast<unsigned long long>(faultsCorrupted_.load()),
+                  static_cast<unsigned long long>(faultsReordered_.load()),
+                  static_cast<unsigned long long>(faultsDelayed_.load()),
+                  static_cast<unsigned long long>(integrityDrops_.load()),
+                  static_cast<unsigned long long>(outOfSequence_.load()));
+  }
 }
 
 EmulatedNicStats SoftNic::Stats() const {
@@ -376,16 +387,22 @@ void SoftNic::DropLink() {
 void SoftNic::RestoreLink() { linkDropped_.store(false); }
 
 void SoftNic::SetFaults(const EmulatedNicFaults& faults) {
-  const uint64_t seed = NicFaultSeed(faults.seed, static_cast<uint64_t>(getpid()), nicIndex_);
+  // Ranks started with one spec must draw differently: the rank when the launch names it (a rerun of the job
+  // then draws the same per NIC), else the process id.
+  const bool ranked = core::EnvIsSet("MORI_RANK");
+  const int64_t salt = ranked ? core::EnvGetInt("MORI_RANK") : static_cast<int64_t>(getpid());
+  const uint64_t seed = NicFaultSeed(faults.seed, static_cast<uint64_t>(salt), nicIndex_);
+  if (faults.ackTimeoutMs != 0) ackTimeoutMs_.store(faults.ackTimeoutMs);
   std::lock_guard<std::mutex> lock(mutex_);
   faultDraw_.Reset(faults, seed);
   if (faults.Any()) {
-    // Once per NIC, at warn level so that it shows in every failing run's log: the seed names the draws.
-    MORI_LOG_WARN(Rdma, "emulated NIC at %s: random packet faults %s (seed %llu; this NIC draws from %llu: pid %d, "
-                        "NIC %u)",
+    // Once per NIC, at warn level so that it shows in every failing run's log: the seed names the draws (which
+    // packet each draw meets still depends on timing).
+    MORI_LOG_WARN(Rdma, "emulated NIC at %s: random packet faults %s (seed %llu; this NIC draws from %llu: %s %lld, "
+                        "NIC %u of the process)",
                   listenAddr_.ToString().c_str(), FaultSpecString(faults).c_str(),
                   static_cast<unsigned long long>(faults.seed), static_cast<unsigned long long>(seed),
-                  static_cast<int>(getpid()), nicIndex_);
+                  ranked ? "MORI_RANK" : "pid", static_cast<long long>(salt), nicIndex_);
   }
 }
 
