@@ -14,10 +14,12 @@
 #include <thread>
 #include <vector>
 
+#include "../../src/rdma/emulated/faults.hpp"
+#include "../../src/rdma/emulated/wire.hpp"
 #include "../common/test_util.hpp"
+#include "mori/core/device_scope.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
-#include "mori/core/device_scope.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
 #include "mori/core/logging.hpp"
@@ -25,8 +27,6 @@
 #include "mori/rdma/device_primitives.hpp"
 #include "mori/rdma/emulated.hpp"
 #include "mori/rdma/rdma.hpp"
-#include "../../src/rdma/emulated/faults.hpp"
-#include "../../src/rdma/emulated/wire.hpp"
 #include "socket.hpp"
 
 namespace mori::rdma {
@@ -1171,10 +1171,10 @@ TEST_F(EmulatedNic, ADroppedLinkFailsWhatIsInFlightWithoutHanging) {
 // ---------------------------------------------------------------- random packet faults
 
 // One trial of faulted traffic on a fresh QP pair: kWrites writes of 64 bytes, two into each of every other 64-byte
-// slot of B's area (the slots between are never written; of a pair, the second must win), kReads reads of 64 bytes from B into A, kAtomics fetch-adds on B's
-// counters, all posted at once, all completions collected within a bound. Every completion is a success or an
-// error; the bytes are checked for each WQE against what its completion says, and everything no WQE targets is
-// checked untouched.
+// slot of B's area (the slots between are never written; of a pair, the second must win), kReads reads of 64 bytes from
+// B into A, kAtomics fetch-adds on B's counters, all posted at once, all completions collected within a bound. Every
+// completion is a success or an error; the bytes are checked for each WQE against what its completion says, and
+// everything no WQE targets is checked untouched.
 struct FaultTrialResult {
   uint32_t ok = 0;
   uint32_t errors = 0;
@@ -1523,8 +1523,7 @@ TEST(EmulatedNicFaultSpec, ParsesAndRejectsWithTheVariableAndField) {
   EXPECT_EQ(f.delayUsMax, 1500u);
   EXPECT_FALSE(emulated::ParseFaultSpec("", "VAR").Any());
   for (const char* bad : {"drop=2", "drop=-0.1", "drop=x", "drop=nan", "corrupt=", "reorder", "delay_us=-1",
-                          "delay_us=1.5", "delay_us=20000000", "seed=-3", "loss=0.1",
-                          "ack_timeout_ms=x"}) {
+                          "delay_us=1.5", "delay_us=20000000", "seed=-3", "loss=0.1", "ack_timeout_ms=x"}) {
     try {
       emulated::ParseFaultSpec(std::string("seed=1,") + bad, "MORI_EMULATED_NIC_FAULTS");
       ADD_FAILURE() << bad << " was accepted";

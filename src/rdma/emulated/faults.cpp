@@ -42,8 +42,8 @@ EmulatedNicFaults ParseFaultSpec(const std::string& text, const char* what) {
     if (field.empty()) continue;
     const size_t eq = field.find('=');
     MORI_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < field.size(), core::ErrorCode::InvalidUsage,
-               "%s='%s': field '%s' is not name=value (names: seed, drop, corrupt, reorder, delay_us, ack_timeout_ms)", what,
-               text.c_str(), field.c_str());
+               "%s='%s': field '%s' is not name=value (names: seed, drop, corrupt, reorder, delay_us, ack_timeout_ms)",
+               what, text.c_str(), field.c_str());
     const std::string name = field.substr(0, eq);
     const std::string value = field.substr(eq + 1);
     char* stop = nullptr;
@@ -52,8 +52,7 @@ EmulatedNicFaults ParseFaultSpec(const std::string& text, const char* what) {
       const unsigned long long v = std::strtoull(value.c_str(), &stop, 10);
       const bool ok = errno == 0 && *stop == '\0' && value[0] != '-' &&
                       (name == "seed" || (name == "delay_us" ? v <= kMaxFaultDelayUs : v <= kMaxAckTimeoutMs));
-      MORI_CHECK(ok, core::ErrorCode::InvalidUsage, "%s='%s': field '%s' is not %s", what, text.c_str(),
-                 field.c_str(),
+      MORI_CHECK(ok, core::ErrorCode::InvalidUsage, "%s='%s': field '%s' is not %s", what, text.c_str(), field.c_str(),
                  name == "seed"       ? "an unsigned integer"
                  : name == "delay_us" ? "a number of microseconds in [0, 10000000]"
                                       : "a number of milliseconds in [0, 3600000]");
@@ -71,8 +70,8 @@ EmulatedNicFaults ParseFaultSpec(const std::string& text, const char* what) {
       (name == "drop" ? f.drop : name == "corrupt" ? f.corrupt : f.reorder) = p;
     } else {
       MORI_THROW(core::ErrorCode::InvalidUsage,
-                 "%s='%s': unknown field '%s' (names: seed, drop, corrupt, reorder, delay_us, ack_timeout_ms)", what, text.c_str(),
-                 field.c_str());
+                 "%s='%s': unknown field '%s' (names: seed, drop, corrupt, reorder, delay_us, ack_timeout_ms)", what,
+                 text.c_str(), field.c_str());
     }
   }
   return f;

@@ -32,7 +32,9 @@ class FaultDraw {
   bool Drop() { return Chance(faults_.drop); }
   bool Corrupt() { return Chance(faults_.corrupt); }
   bool Reorder() { return Chance(faults_.reorder); }
-  uint32_t DelayUs() { return faults_.delayUsMax == 0 ? 0 : static_cast<uint32_t>(Below(uint64_t(faults_.delayUsMax) + 1)); }
+  uint32_t DelayUs() {
+    return faults_.delayUsMax == 0 ? 0 : static_cast<uint32_t>(Below(uint64_t(faults_.delayUsMax) + 1));
+  }
   uint64_t Below(uint64_t n) { return Next() % n; }  // n >= 1; the bias is below 2^-40 for the n used here
 
  private:

@@ -79,11 +79,17 @@ std::atomic<uint32_t>& NextNicIndex() {
 // long when none follows (a held packet must not turn into a lost one).
 constexpr auto kMaxHold = std::chrono::milliseconds(2);
 
-// Header bytes that frame the stream (magic, version, type, length): on a real fabric the link layer delimits
-// frames and checks them apart (VCRC, PHY coding), so the corrupt fault leaves them and flips a bit elsewhere.
-bool FramesTheStream(size_t byte) {
-  return byte < offsetof(PacketHeader, atomicOp) ||
-         (byte >= offsetof(PacketHeader, length) && byte < offsetof(PacketHeader, length) + sizeof(uint64_t));
+// Header bytes that frame the stream (magic, version and type before atomicOp; length): on a real fabric the link
+// layer delimits frames and checks them apart (VCRC, PHY coding), so the corrupt fault leaves them alone.
+constexpr size_t kFramingHead = offsetof(PacketHeader, atomicOp);
+constexpr size_t kLengthAt = offsetof(PacketHeader, length);
+constexpr size_t kFramingBytes = kFramingHead + sizeof(uint64_t);
+static_assert(kLengthAt + sizeof(uint64_t) == offsetof(PacketHeader, icrc), "length is followed by the check");
+
+// The byte of a packet that the k-th non-framing byte is (k below the packet's size less kFramingBytes).
+size_t NonFramingByte(size_t k) {
+  k += kFramingHead;
+  return k < kLengthAt ? k : k + sizeof(uint64_t);
 }
 
 }  // namespace
@@ -158,8 +164,9 @@ SoftNic::~SoftNic() {
   if (engine_.joinable()) engine_.join();
   // What the random faults did, for the run's record (tests/chaos/chaos.py sums these lines).
   if (faultDraw_.Faults().Any() || integrityDrops_.load() != 0 || outOfSequence_.load() != 0) {
-    MORI_LOG_WARN(Rdma, "emulated NIC at %s: faults injected: dropped %llu, corrupted %llu, reordered %llu, delayed "
-                        "%llu; detected: integrity drops %llu, out of sequence %llu",
+    MORI_LOG_WARN(Rdma,
+                  "emulated NIC at %s: faults injected: dropped %llu, corrupted %llu, reordered %llu, delayed "
+                  "%llu; detected: integrity drops %llu, out of sequence %llu",
                   listenAddr_.ToString().c_str(), static_cast<unsigned long long>(faultsDropped_.load()),
                   static_cast<unsigned long long>(faultsCorrupted_.load()),
                   static_cast<unsigned long long>(faultsReordered_.load()),
@@ -398,8 +405,9 @@ void SoftNic::SetFaults(const EmulatedNicFaults& faults) {
   if (faults.Any()) {
     // Once per NIC, at warn level so that it shows in every failing run's log: the seed names the draws (which
     // packet each draw meets still depends on timing).
-    MORI_LOG_WARN(Rdma, "emulated NIC at %s: random packet faults %s (seed %llu; this NIC draws from %llu: %s %lld, "
-                        "NIC %u of the process)",
+    MORI_LOG_WARN(Rdma,
+                  "emulated NIC at %s: random packet faults %s (seed %llu; this NIC draws from %llu: %s %lld, "
+                  "NIC %u of the process)",
                   listenAddr_.ToString().c_str(), FaultSpecString(faults).c_str(),
                   static_cast<unsigned long long>(faults.seed), static_cast<unsigned long long>(seed),
                   ranked ? "MORI_RANK" : "pid", static_cast<long long>(salt), nicIndex_);
@@ -486,8 +494,9 @@ void SoftNic::WatchProgress(Qp& qp, bool moved, Clock::time_point now) {
 // it). Then it fails with transport-retry-exceeded and what follows is flushed, as when the link breaks: a peer NIC
 // that is stopped or stuck while its kernel keeps the connection up would otherwise hang the QP. The wire is TCP,
 // so nothing is lost unless the random faults lose it (MORI_EMULATED_NIC_FAULTS); nothing is retransmitted: a lost
-// packet fails its WQE here, as an RC NIC's exhausted retries do. Only a look at the wire that began after the deadline counts, so that an engine held up itself
-// (its process stopped, its host overloaded) reads the responses waiting for it before it blames the peer.
+// packet fails its WQE here, as an RC NIC's exhausted retries do. Only a look at the wire that began after the
+// deadline counts, so that an engine held up itself (its process stopped, its host overloaded) reads the responses
+// waiting for it before it blames the peer.
 bool SoftNic::CheckAckTimers(Clock::time_point now) {
   if (now < nextAckCheck_) return false;
   nextAckCheck_ = now + kAckTimerTick;
@@ -798,17 +807,8 @@ void SoftNic::Transmit(Link& link, std::vector<uint8_t> packet, bool faultable) 
     return;
   }
   if (faultDraw_.Corrupt()) {
-    const size_t framing = 4 + 1 + 1 + sizeof(uint64_t);  // magic, version, type, length
-    size_t bit = faultDraw_.Below((packet.size() - framing) * 8);
-    size_t byte = 0;
-    while (true) {  // the bit-th bit among the bytes that do not frame the stream
-      if (!FramesTheStream(byte)) {
-        if (bit < 8) break;
-        bit -= 8;
-      }
-      ++byte;
-    }
-    packet[byte] ^= static_cast<uint8_t>(1u << bit);
+    const size_t bit = faultDraw_.Below((packet.size() - kFramingBytes) * 8);
+    packet[NonFramingByte(bit / 8)] ^= static_cast<uint8_t>(1u << (bit % 8));
     faultsCorrupted_.fetch_add(1, std::memory_order_relaxed);
   }
   if (link.held.empty() && faultDraw_.Reorder()) {
@@ -985,7 +985,9 @@ bool SoftNic::ExecuteUnchecked(Qp& qp, Request& r, Clock::time_point now) {
   const PacketHeader& h = r.header;
   Link& link = *r.link;
   if (qp.state != Qp::State::Ready || qp.remoteQpn != h.srcQpn || h.psn != qp.expectedPsn) {
-    if (qp.state == Qp::State::Ready && qp.remoteQpn == h.srcQpn) outOfSequence_.fetch_add(1, std::memory_order_relaxed);
+    if (qp.state == Qp::State::Ready && qp.remoteQpn == h.srcQpn) {
+      outOfSequence_.fetch_add(1, std::memory_order_relaxed);
+    }
     // No live QP connected to that source, or out of sequence (a request after one this responder refused:
     // the requester has the error of the refused one and flushes everything after it).
     MORI_LOG_DEBUG(Rdma, "emulated QP %u: refused request psn %u from QP %u (expecting psn %u from QP %u)", qp.qpn,
@@ -1292,11 +1294,11 @@ bool SoftNic::Greet(Link& link, const PacketHeader& h) {
     return true;
   }
   strangersRefused_.fetch_add(1, std::memory_order_relaxed);
-  const char* why = link.greeted           ? "a second hello"
+  const char* why = link.greeted ? "a second hello"
                     : IsHello(h.type) && !HelloAdmits(h, nonce_)
                         ? "its hello named another NIC's nonce (a peer of another job?)"
-                    : IsHello(h.type)      ? "its hello failed the integrity check"
-                                           : "its first packet was not a hello (a stranger on the wire?)";
+                    : IsHello(h.type) ? "its hello failed the integrity check"
+                                      : "its first packet was not a hello (a stranger on the wire?)";
   MORI_LOG_WARN(Rdma, "emulated NIC: refused the wire connection from %s: %s", link.peer.ToString().c_str(), why);
   KillLink(link, std::string("refused: ") + why);
   return false;

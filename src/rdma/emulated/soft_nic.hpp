@@ -21,10 +21,10 @@
 
 #include "../../core/socket.hpp"
 #include "../mlx5/mlx5_host_queue.hpp"
+#include "faults.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/rdma/emulated.hpp"
 #include "mori/rdma/rdma.hpp"
-#include "faults.hpp"
 #include "nic_memory.hpp"
 #include "wire.hpp"
 
@@ -158,8 +158,9 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
     std::vector<uint8_t> held;
     std::chrono::steady_clock::time_point heldSince{};
     std::chrono::steady_clock::time_point txMoved{};  // when the peer last took bytes (a large payload still going)
-    uint64_t released = 0;  // packets queued to be sent, ever
-    uint64_t written = 0;   // packets wholly handed to the socket, ever
+    // Packets queued to be sent and packets wholly handed to the socket, ever.
+    uint64_t released = 0;
+    uint64_t written = 0;
   };
 
   void Run();
@@ -226,9 +227,8 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   std::atomic<uint32_t> rnrTimeoutMs_{5000};
   std::atomic<uint32_t> stallReportMs_{10000};
   std::atomic<uint32_t> ackTimeoutMs_{0};  // MORI_TIMEOUT_S unless a test sets it
-  FaultDraw faultDraw_;  // under mutex_
-  uint64_t faultSeed_ = 0;  // the spec's seed given to SetFaults; the draws use NicFaultSeed of it
-  uint32_t nicIndex_ = 0;   // this NIC's creation index in the process
+  FaultDraw faultDraw_;                    // under mutex_
+  uint32_t nicIndex_ = 0;                  // this NIC's creation index in the process
   Clock::time_point nextAckCheck_{};
   Clock::time_point lastPollStart_{};  // when the engine's last look at the wire began (engine thread only)
   std::atomic<uint64_t> stallReports_{0}, doorbellFaults_{0}, strangersRefused_{0};

@@ -14,7 +14,7 @@
 namespace mori::rdma::emulated {
 
 constexpr uint32_t kWireMagic = 0x4e454f4dU;  // "MOEN"
-constexpr uint8_t kWireVersion = 3;  // 3: 64-byte header with the integrity check
+constexpr uint8_t kWireVersion = 3;           // 3: 64-byte header with the integrity check
 constexpr uint64_t kMaxWirePayload = 1ull << 31;
 
 enum class PacketType : uint8_t {
