@@ -151,7 +151,8 @@ void TcpSeeds(const std::string& dir) {
   }
 }
 
-// fuzz_emulated_wire: the receiver's nonce, a hello, then one packet of each type.
+// fuzz_emulated_wire: the receiver's nonce, a hello, then one packet of each type, each header followed by a u8
+// payload length and the payload, each with its integrity check.
 void EmulatedSeeds(const std::string& dir) {
   const uint64_t nonce = 0x0badc0ffee0ddf00ull;
   for (uint8_t type = 1; type <= static_cast<uint8_t>(em::PacketType::Hello); ++type) {
@@ -160,15 +161,22 @@ void EmulatedSeeds(const std::string& dir) {
     em::PacketHeader hello = em::MakePacketHeader(em::PacketType::Hello);
     hello.raddr = nonce;
     hello.swapAdd = 0x1122334455667788ull;
+    hello.icrc = em::PacketCheck(hello, nullptr, 0);
     Append(b, hello);
+    Append(b, uint8_t{0});
     em::PacketHeader h = em::MakePacketHeader(static_cast<em::PacketType>(type));
     h.srcQpn = 0x1100;
     h.dstQpn = 0x2200;
     h.psn = 9;
     h.rkey = 0x2203;
     h.raddr = 0x7f0012340000ull;
-    h.length = (type == 1 || type == 2 || type == 4 || type == 6) ? 256 : 0;
+    h.length = (type == 1 || type == 2 || type == 4 || type == 6) ? 200 : 0;
+    std::vector<uint8_t> payload(em::PayloadBytes(h));
+    for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7 + type);
+    h.icrc = em::PacketCheck(h, payload.data(), payload.size());
     Append(b, h);
+    Append(b, static_cast<uint8_t>(payload.size()));
+    for (uint8_t byte : payload) Append(b, byte);
     Write(dir, "fuzz_emulated_wire", "hello_then_type" + std::to_string(type), b);
   }
 }

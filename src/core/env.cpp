@@ -48,6 +48,11 @@ const std::vector<EnvParamInfo>& kRegistry = *new std::vector<EnvParamInfo>{
     {"MORI_RDMA_GID_INDEX", EnvType::Int, "-1", "", "GID index for RoCE; -1 picks 3 on Ethernet ports, 0 on InfiniBand"},
     {"MORI_EMULATED_NIC_DELAY_US", EnvType::Int, "0", "",
      "a fault knob: every WQE an emulated NIC of this process executes waits this many microseconds first"},
+    {"MORI_EMULATED_NIC_FAULTS", EnvType::String, "", "",
+     "a fault knob: random faults on the packets every emulated NIC of this process sends, as "
+     "seed=S,drop=P,corrupt=P,reorder=P,delay_us=MAX,ack_timeout_ms=T (P a probability per packet in [0, 1]; "
+     "any subset; ack_timeout_ms replaces MORI_TIMEOUT_S as the NIC's ack timeout). Lost or "
+     "corrupted packets fail their WQE after the ack timeout; never silently wrong data (docs/CHAOS.md)"},
     {"MORI_SHMEM_HEAP_SIZE", EnvType::Size, "1g", "", "bytes of symmetric heap per PE (k, m, g suffixes); the same on every PE"},
     {"MORI_SHMEM_TRANSPORT", EnvType::Choice, "auto", "auto|p2p|rdma|proxy",
      "forces one SHMEM transport for every pair of PEs (auto: P2P on the same host, else RDMA where the NIC lets "

@@ -15,6 +15,13 @@ may listen on its bootstrap port, and /dev/shm may hold no new file that no othe
 The slack covers what MORI_TIMEOUT_S does not: a survivor's wait can start a little after the kill (it was
 between rounds), and the exit itself (joining NIC and proxy threads, unmapping the heap).
 
+With --faults SPEC nobody is killed: every trial runs the job for --rounds rounds under the emulated NIC's random
+packet faults (MORI_EMULATED_NIC_FAULTS=SPEC plus the trial's seed; transports rdma and proxy_rdma, the two that
+use the NIC). Every rank must then either finish all rounds with exit 0, or every rank must end within --bound-s
+with exit 1 and its FAILED line, with an error completion (an mlx5 syndrome) named in some rank's log; a mix, a
+hang, a crash, a sanitizer report, a CORRUPTION line or a leak fails the trial. --expect-clean (for delay-only
+specs) requires every trial to finish all rounds.
+
 Exit status: 0 when every trial passed, 1 otherwise (each failure prints the command that reruns its seed).
 """
 
@@ -45,6 +52,13 @@ TAG_VAR = "CHAOS_JOB_TAG"  # not MORI_*: the runtime warns about MORI_* names it
 SANITIZER = re.compile(r"ERROR: AddressSanitizer|ERROR: LeakSanitizer|WARNING: ThreadSanitizer|"
                        r"ERROR: ThreadSanitizer|runtime error:|ERROR: UndefinedBehaviorSanitizer")
 PORT_IN_USE = re.compile(r"[Aa]ddress already in use")
+NIC_TRANSPORTS = ("rdma", "proxy_rdma")
+ERROR_COMPLETION = re.compile(r"syndrome 0x[0-9a-f]+")  # an error completion, as the runtime reports it
+# The NIC's own line when a request's ack timer expires: the error completion it writes, before anyone polls it.
+NIC_RETRY_EXCEEDED = re.compile(r"transport retry counter exceeded, the QP goes to the error state")
+NIC_FAULTS = re.compile(r"faults injected: dropped (\d+), corrupted (\d+), reordered (\d+), delayed (\d+); "
+                        r"detected: integrity drops (\d+), out of sequence (\d+)")
+NIC_FAULT_KEYS = ("dropped", "corrupted", "reordered", "delayed", "integrity drops", "out of sequence")
 PROC_SCAN_ERRORS = (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError)
 
 
@@ -212,6 +226,11 @@ class Trial:
         for name in [n for n in base if n.startswith("MORI_")]:
             del base[name]
         base.update(TRANSPORTS[self.args.transport])
+        if self.args.faults is not None:
+            spec = [f for f in self.args.faults.split(",") if f and not f.startswith("seed=")]
+            if not any(f.startswith("ack_timeout_ms=") for f in spec):
+                spec.append(f"ack_timeout_ms={self.args.ack_timeout_ms}")
+            base["MORI_EMULATED_NIC_FAULTS"] = ",".join([f"seed={self.seed}"] + spec)
         base.update({
             "MORI_WORLD_SIZE": str(RANKS),
             "MORI_BOOTSTRAP_ADDR": f"127.0.0.1:{port}",
@@ -227,6 +246,8 @@ class Trial:
             f = open(path, "w+b")
             files.append(f)
             argv = [self.args.program, "--bytes", str(self.bytes), "--barrier-every", str(self.args.barrier_every)]
+            if self.args.faults is not None:
+                argv += ["--rounds", str(self.args.rounds)]
             # SIGINT and SIGTERM as a shell's foreground job gets them, even if this driver was started with them
             # ignored (a background job of a shell without job control ignores SIGINT).
             procs.append(subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -427,9 +448,12 @@ class Trial:
 
     def rerun_command(self):
         a = self.args
+        faults = "" if a.faults is None else (
+            f"--faults '{a.faults}' --rounds {a.rounds} --bound-s {a.bound_s} --ack-timeout-ms {a.ack_timeout_ms} " +
+            ("--expect-clean " if a.expect_clean else ""))
         return (f"{sys.executable} {os.path.abspath(__file__)} --program {a.program} --transport {a.transport} "
                 f"--timeout-s {a.timeout_s} --slack-s {a.slack_s} --heap {a.heap} --barrier-every {a.barrier_every} "
-                f"--kill-seed {self.seed:#010x}")
+                f"{faults}--kill-seed {self.seed:#010x}")
 
     def summary(self):
         parts = []
@@ -446,6 +470,140 @@ class Trial:
                 f"(gone {gone} later), {self.bytes} B per pair; survivors " + ", ".join(parts) +
                 ("; " + "; ".join(self.notes) if self.notes else "") +
                 ("" if not self.problems else "  <-- FAILED: " + ", ".join(sorted({c for c, _ in self.problems}))))
+
+
+class FaultTrial(Trial):
+    """One run of the job under random packet faults: nobody is killed; every rank ends by itself."""
+
+    def __init__(self, args, seed, index):
+        super().__init__(args, seed, index)
+        self.outcome = None  # "completed" or "failed" when the trial passed
+        self.nic = collections.Counter()  # the NICs' fault counters, summed over the ranks
+        self.seconds = None
+        self.named = 0  # ranks whose log names an error completion (the runtime's report of it)
+        self.nic_named = 0  # ranks whose NIC logged a request's ack timeout
+
+    def run(self):
+        with tempfile.TemporaryDirectory(prefix="mori-chaos-faults-") as workdir:
+            shm_before = set(os.listdir("/dev/shm"))
+            for attempt in range(5):
+                procs, files, port = self.start(workdir)
+                try:
+                    retry = self.watch(procs, files) and attempt < 4
+                finally:
+                    self.kill_all(procs)
+                    self.log = "".join(f"---- rank {r}\n{self.output(files, r)}" for r in range(RANKS))
+                    for f in files:
+                        f.close()
+                if not retry:
+                    break
+                self.problems.clear()
+            self.check_leaks(procs, shm_before)
+        return self
+
+    def watch(self, procs, files):
+        """Waits for every rank and judges the job; returns True when it must be rerun (its port was taken)."""
+        pids = [p.pid for p in procs]
+        self.sockets = set()
+        start = time.monotonic()
+        deadline = start + self.args.bound_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            self.sockets |= job_sockets(pids)
+            time.sleep(0.02)
+        self.seconds = time.monotonic() - start
+        hung = {r: thread_report(p.pid) for r, p in enumerate(procs) if p.poll() is None}
+        for r in hung:
+            procs[r].kill()
+        for p in procs:
+            p.wait()
+        texts = [self.output(files, r) for r in range(RANKS)]
+        if PORT_IN_USE.search(texts[0]):
+            return True
+        rcs = [p.returncode for p in procs]
+        for r, text in enumerate(texts):
+            for m in NIC_FAULTS.finditer(text):
+                for key, value in zip(NIC_FAULT_KEYS, m.groups()):
+                    self.nic[key] += int(value)
+            if r in hung:
+                self.fail("hang", f"rank {r} still ran {self.args.bound_s:.1f} s after the start; its threads:\n"
+                          f"{hung[r]}")
+            elif rcs[r] < 0:
+                self.fail("crash", f"rank {r} died of signal {-rcs[r]} ({signal.Signals(-rcs[r]).name})")
+            elif SANITIZER.search(text):
+                self.fail("crash", f"rank {r} printed a sanitizer report (exit {rcs[r]})")
+            elif "CORRUPTION" in text:
+                self.fail("corruption", f"rank {r} found data it should not have (exit {rcs[r]})")
+        self.named = sum(1 for t in texts if ERROR_COMPLETION.search(t))
+        self.nic_named = sum(1 for t in texts if NIC_RETRY_EXCEEDED.search(t))
+        if self.problems:
+            return False
+        done = [rc == 0 and f" done: {self.args.rounds} rounds verified" in t for rc, t in zip(rcs, texts)]
+        failed = [rc == 1 and " FAILED" in t for rc, t in zip(rcs, texts)]
+        if all(done):
+            self.outcome = "completed"
+        elif all(failed) and self.named + self.nic_named > 0:
+            self.outcome = "failed"
+        elif all(failed):
+            self.fail("unnamed", "every rank failed and none names an error completion (an mlx5 syndrome, or its NIC's "
+                      "transport-retry-exceeded line)")
+        else:
+            self.fail("mixed", "ranks ended differently: " + ", ".join(
+                f"{r}: exit {rc}{' done' if d else ' FAILED' if f else ''}"
+                for r, (rc, d, f) in enumerate(zip(rcs, done, failed))))
+        if self.outcome == "failed" and self.args.expect_clean:
+            self.fail("failed", "the job failed under faults that lose nothing (--expect-clean)")
+        return False
+
+    def summary(self):
+        nic = ", ".join(f"{k} {self.nic[k]}" for k in NIC_FAULT_KEYS)
+        return (f"run {self.index} seed {self.seed:#010x}: {self.bytes} B per pair, "
+                f"{self.outcome or 'FAILED'} after {self.seconds or 0:.2f} s, error completion named by "
+                f"{self.named} of {RANKS} ranks (NIC ack timeouts logged by {self.nic_named}); NICs: {nic}" +
+                ("" if not self.problems else "  <-- FAILED: " + ", ".join(sorted({c for c, _ in self.problems}))))
+
+
+def run_faults(args, seeds):
+    """The --faults mode: every seed one run of the job under random packet faults."""
+    start = time.monotonic()
+    counts = collections.Counter()
+    nic = collections.Counter()
+    failed = []
+    seconds = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(FaultTrial(args, s, i + 1).run) for i, s in enumerate(seeds)]
+        for fut in concurrent.futures.as_completed(futures):
+            trial = fut.result()
+            print(trial.summary(), flush=True)
+            counts[trial.outcome or "problem"] += 1
+            if trial.outcome == "failed" and trial.named == 0:
+                counts["nic only"] += 1
+            nic.update(trial.nic)
+            seconds.append(trial.seconds or 0)
+            for category, _ in trial.problems:
+                counts["problem " + category] += 1
+            counts["leaks"] += trial.leaks
+            if trial.problems:
+                failed.append(trial)
+                for category, text in trial.problems:
+                    print(f"  [{category}] {text}".replace("\n", "\n    "), flush=True)
+                print(f"  reproduce: {trial.rerun_command()}", flush=True)
+            if args.verbose or trial.problems:
+                print("    " + trial.log.rstrip("\n").replace("\n", "\n    "), flush=True)
+    elapsed = time.monotonic() - start
+    print(f"chaos_faults_{args.transport}: {len(seeds)} runs of {args.rounds} rounds under '{args.faults}': "
+          f"completed {counts['completed']}, failed with error completions {counts['failed']} (of them named only "
+          f"in the NIC's log, not by the runtime: {counts['nic only']}); hangs "
+          f"{counts['problem hang']}, crashes {counts['problem crash']}, silent corruptions "
+          f"{counts['problem corruption']}, mixed endings {counts['problem mixed']}, unnamed failures "
+          f"{counts['problem unnamed']}, leaks {counts['leaks']}; NICs injected: dropped {nic['dropped']}, "
+          f"corrupted {nic['corrupted']}, reordered {nic['reordered']}, delayed {nic['delayed']}; detected: "
+          f"integrity drops {nic['integrity drops']}, out of sequence {nic['out of sequence']}; runs took "
+          f"{min(seconds):.2f}..{max(seconds):.2f} s (bound {args.bound_s:.1f} s); {elapsed:.1f} s", flush=True)
+    if failed:
+        print(f"FAILED: {len(failed)} of {len(seeds)} runs; rerun one with --kill-seed (see 'reproduce' above)" +
+              (f"; this run: --seed {args.seed:#x}" if args.seed is not None else ""), flush=True)
+        return 1
+    return 0
 
 
 def main():
@@ -469,8 +627,20 @@ def main():
     parser.add_argument("--jobs", type=int, default=2, help="trials run at the same time (default 2)")
     parser.add_argument("--ready-timeout-s", type=float, default=30, help="bound on start-up (default 30)")
     parser.add_argument("--verbose", action="store_true", help="print every rank's output (failed trials always)")
+    parser.add_argument("--faults", default=None, metavar="SPEC",
+                        help="no kill: run the job under MORI_EMULATED_NIC_FAULTS=SPEC (without the seed: each run "
+                        "adds its own), --kills times; transports rdma and proxy_rdma")
+    parser.add_argument("--rounds", type=int, default=200, help="rounds of each --faults run (default 200)")
+    parser.add_argument("--bound-s", type=float, default=20,
+                        help="how long a --faults run may take from its start to its last rank's end (default 20)")
+    parser.add_argument("--ack-timeout-ms", type=int, default=500,
+                        help="the NICs' ack timeout in a --faults run unless SPEC sets one (default 500)")
+    parser.add_argument("--expect-clean", action="store_true",
+                        help="every --faults run must finish all rounds (for specs that lose nothing: delay)")
     args = parser.parse_args()
     args.program = os.path.abspath(args.program)
+    if args.faults is not None and args.transport not in NIC_TRANSPORTS:
+        parser.error(f"--faults needs a transport over the emulated NIC: {', '.join(NIC_TRANSPORTS)}")
 
     if args.kill_seed is not None:
         seeds = [args.kill_seed]
@@ -479,8 +649,13 @@ def main():
         if args.seed is None:
             args.seed = random.SystemRandom().getrandbits(32)
         seeds = derive_seeds(args.seed, args.kills)
-        print(f"chaos {args.transport}: {args.kills} kills by {args.signal.name} from --seed {args.seed:#x}, "
-              f"MORI_TIMEOUT_S={args.timeout_s}, slack {args.slack_s} s, {args.jobs} at a time", flush=True)
+        what = (f"{args.kills} kills by {args.signal.name}" if args.faults is None else
+                f"{args.kills} runs of {args.rounds} rounds under faults '{args.faults}'")
+        print(f"chaos {args.transport}: {what} from --seed {args.seed:#x}, MORI_TIMEOUT_S={args.timeout_s}, "
+              f"{args.jobs} at a time", flush=True)
+
+    if args.faults is not None:
+        return run_faults(args, seeds)
 
     start = time.monotonic()
     lock = threading.Lock()

@@ -6,16 +6,20 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "../../src/rdma/emulated/faults.hpp"
+#include "../../src/rdma/emulated/wire.hpp"
 #include "../common/test_util.hpp"
+#include "mori/core/device_scope.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
-#include "mori/core/device_scope.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
 #include "mori/core/logging.hpp"
@@ -23,7 +27,6 @@
 #include "mori/rdma/device_primitives.hpp"
 #include "mori/rdma/emulated.hpp"
 #include "mori/rdma/rdma.hpp"
-#include "../../src/rdma/emulated/wire.hpp"
 #include "socket.hpp"
 
 namespace mori::rdma {
@@ -118,7 +121,9 @@ emulated::PacketHeader Hello(uint64_t theirNonce, uint64_t ourNonce) {
   return h;
 }
 
-void SendPacket(int fd, const emulated::PacketHeader& h, const std::vector<uint8_t>& payload = {}) {
+// Sends `h` (with its integrity check computed, unless `seal` is false) and its payload.
+void SendPacket(int fd, emulated::PacketHeader h, const std::vector<uint8_t>& payload = {}, bool seal = true) {
+  if (seal) h.icrc = emulated::PacketCheck(h, payload.data(), payload.size());
   std::vector<uint8_t> bytes(sizeof(h) + payload.size());
   std::memcpy(bytes.data(), &h, sizeof(h));
   if (!payload.empty()) std::memcpy(bytes.data() + sizeof(h), payload.data(), payload.size());
@@ -854,6 +859,7 @@ TEST_F(EmulatedNic, ResponsesAreCheckedAgainstTheRequestAndTheRegistration) {
   EXPECT_EQ(hello.type, static_cast<uint8_t>(emulated::PacketType::Hello));
   EXPECT_EQ(hello.raddr, fake.wireNonce) << "the hello must name the nonce of the NIC it reaches";
   EXPECT_EQ(hello.swapAdd, epA_.handle.wireNonce) << "and the nonce of the NIC it comes from";
+  EXPECT_TRUE(emulated::PacketCheckPasses(hello, nullptr, 0)) << "the hello's integrity check";
   net::RecvAll(peer.Get(), &request, sizeof(request), core::Deadline::After(10), "NIC A");
   ASSERT_EQ(request.type, static_cast<uint8_t>(emulated::PacketType::ReadRequest));
   EXPECT_EQ(request.dstQpn, fake.qpn);
@@ -1160,6 +1166,402 @@ TEST_F(EmulatedNic, ADroppedLinkFailsWhatIsInFlightWithoutHanging) {
   EXPECT_EQ(other, 0u);
   EXPECT_LT(ok, 200u) << "the link was dropped before everything went through";
   nic->RestoreLink();
+}
+
+// ---------------------------------------------------------------- random packet faults
+
+// One trial of faulted traffic on a fresh QP pair: kWrites writes of 64 bytes, two into each of every other 64-byte
+// slot of B's area (the slots between are never written; of a pair, the second must win), kReads reads of 64 bytes from
+// B into A, kAtomics fetch-adds on B's counters, all posted at once, all completions collected within a bound. Every
+// completion is a success or an error; the bytes are checked for each WQE against what its completion says, and
+// everything no WQE targets is checked untouched.
+struct FaultTrialResult {
+  uint32_t ok = 0;
+  uint32_t errors = 0;
+  uint32_t unexpectedStatus = 0;  // a syndrome no lossy fabric explains
+  uint32_t missing = 0;           // WQEs without a completion when the bound ran out
+  uint32_t wrongBytes = 0;        // destinations holding bytes that neither the old nor the new content explains
+};
+
+class EmulatedNicUnderFaults : public EmulatedNic {
+ protected:
+  static constexpr uint32_t kWrites = 48, kReads = 24, kAtomics = 16;
+  static constexpr size_t kSlot = 64;
+
+  void SetFaultsOnBoth(const EmulatedNicFaults& f, uint32_t ackTimeoutMs) {
+    for (RdmaDeviceContext* nic : {a_, b_}) {
+      GetEmulatedNicControl(nic)->SetFaults(f);
+      GetEmulatedNicControl(nic)->SetAckTimeoutMilliseconds(ackTimeoutMs);
+    }
+  }
+  EmulatedNicStats Sum() const {
+    EmulatedNicStats a = GetEmulatedNicControl(a_)->Stats(), b = GetEmulatedNicControl(b_)->Stats();
+    EmulatedNicStats s{};
+    s.faultsDropped = a.faultsDropped + b.faultsDropped;
+    s.faultsCorrupted = a.faultsCorrupted + b.faultsCorrupted;
+    s.faultsReordered = a.faultsReordered + b.faultsReordered;
+    s.faultsDelayed = a.faultsDelayed + b.faultsDelayed;
+    s.integrityDrops = a.integrityDrops + b.integrityDrops;
+    s.outOfSequence = a.outOfSequence + b.outOfSequence;
+    return s;
+  }
+
+  FaultTrialResult RunTrial(uint32_t trial) {
+    FaultTrialResult res;
+    RdmaEndpointConfig config;
+    config.maxMsgsNum = 128;
+    Connect(config);
+    const int rankA = 10 + static_cast<int>(trial), rankB = 50 + static_cast<int>(trial);
+    // A: write sources, read landing slots (every other one), fetched values. B: write targets, read sources,
+    // counters.
+    GpuBuffer& aMem = Alloc(kWrites * kSlot + 2 * kReads * kSlot + kAtomics * 16);
+    GpuBuffer& bMem = Alloc(2 * kWrites * kSlot + kReads * kSlot + kAtomics * 16);
+    Fill(aMem, rankA, trial);
+    Fill(bMem, rankB, trial);
+    const std::vector<uint8_t> aOld = Read(aMem, 0, aMem.Bytes()), bOld = Read(bMem, 0, bMem.Bytes());
+    RdmaMemoryRegion aMr = a_->RegisterRdmaMemoryRegion(aMem.Data(), aMem.Bytes());
+    RdmaMemoryRegion bMr = b_->RegisterRdmaMemoryRegion(bMem.Data(), bMem.Bytes());
+    const size_t aReads = kWrites * kSlot, aFetched = aReads + 2 * kReads * kSlot;
+    const size_t bReads = 2 * kWrites * kSlot, bCounters = bReads + kReads * kSlot;
+    const uint32_t total = kWrites + kReads + kAtomics;
+    for (uint32_t i = 0; i < total; ++i) {
+      HostWorkRequest wr;
+      wr.wrId = i;
+      wr.lkey = aMr.lkey;
+      wr.rkey = bMr.rkey;
+      if (i < kWrites) {
+        wr.op = HostOp::Write;
+        wr.laddr = aMr.addr + i * kSlot;
+        wr.raddr = bMr.addr + 2 * (i / 2) * kSlot;
+        wr.bytes = kSlot;
+      } else if (i < kWrites + kReads) {
+        const uint32_t r = i - kWrites;
+        wr.op = HostOp::Read;
+        wr.laddr = aMr.addr + aReads + 2 * r * kSlot;
+        wr.raddr = bMr.addr + bReads + r * kSlot;
+        wr.bytes = kSlot;
+      } else {
+        const uint32_t k = i - kWrites - kReads;
+        wr.op = HostOp::FetchAdd;
+        wr.laddr = aMr.addr + aFetched + k * 16;
+        wr.raddr = bMr.addr + bCounters + k * 16;
+        wr.bytes = 8;
+        wr.swapAdd = 0x100000001ull * (k + 1);
+      }
+      a_->HostPost(epA_, wr);
+    }
+    std::vector<int> status(total, -1);
+    uint32_t got = 0;
+    core::Deadline deadline = core::Deadline::After(20);
+    while (got < total && !deadline.Expired()) {
+      HostCompletion c[32];
+      int n = a_->HostPoll(epA_, c, 32);
+      for (int k = 0; k < n; ++k) {
+        if (c[k].wrId < total && status[c[k].wrId] < 0) {
+          status[c[k].wrId] = c[k].status;
+          ++got;
+        }
+      }
+      if (n == 0) std::this_thread::yield();
+    }
+    // Late packets of a failed trial may still land (a write whose ack was lost): wait for the wire to settle.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const std::vector<uint8_t> aNow = Read(aMem, 0, aMem.Bytes()), bNow = Read(bMem, 0, bMem.Bytes());
+    auto same = [](const std::vector<uint8_t>& x, size_t xo, const std::vector<uint8_t>& y, size_t yo, size_t n) {
+      return std::memcmp(x.data() + xo, y.data() + yo, n) == 0;
+    };
+    std::vector<bool> targeted(bNow.size(), false), landed(aNow.size(), false);
+    for (uint32_t i = 0; i < total; ++i) {
+      const int st = status[i];
+      if (st < 0) {
+        ++res.missing;
+      } else if (st == 0) {
+        ++res.ok;
+      } else {
+        ++res.errors;
+        if (st != kSyndromeTransportRetryExcErr && st != kSyndromeWrFlushErr && st != kSyndromeRemoteAccessErr) {
+          ++res.unexpectedStatus;
+          ADD_FAILURE() << "trial " << trial << " WQE " << i << ": status 0x" << std::hex << st;
+        }
+      }
+      bool right;
+      if (i < kWrites) {
+        // Checked at the second write of a pair: the first's bytes, the second's or the old ones, whole, as the
+        // statuses allow. The second succeeded: its bytes (the first, if it ran, ran before it). It failed: the
+        // first's bytes too (executed, the ack lost), or the old ones if the first failed as well.
+        const size_t at = 2 * (i / 2) * kSlot;
+        for (size_t b = at; b < at + kSlot; ++b) targeted[b] = true;
+        right = true;
+        if (i % 2 == 1) {
+          const int first = status[i - 1];
+          const bool second = same(bNow, at, aOld, i * kSlot, kSlot);
+          const bool firsts = same(bNow, at, aOld, (i - 1) * kSlot, kSlot);
+          const bool old = same(bNow, at, bOld, at, kSlot);
+          right = second || (st != 0 && (firsts || (first != 0 && old)));
+        }
+      } else if (i < kWrites + kReads) {
+        const uint32_t r = i - kWrites;
+        const size_t at = aReads + 2 * r * kSlot;
+        for (size_t b = at; b < at + kSlot; ++b) landed[b] = true;
+        const bool isNew = same(aNow, at, bOld, bReads + r * kSlot, kSlot);
+        right = isNew || (st != 0 && same(aNow, at, aOld, at, kSlot));
+      } else {
+        const uint32_t k = i - kWrites - kReads;
+        const size_t counter = bCounters + k * 16, fetched = aFetched + k * 16;
+        for (size_t b = counter; b < counter + 8; ++b) targeted[b] = true;
+        for (size_t b = fetched; b < fetched + 8; ++b) landed[b] = true;
+        uint64_t oldCounter, nowCounter, oldFetched, nowFetched;
+        std::memcpy(&oldCounter, bOld.data() + counter, 8);
+        std::memcpy(&nowCounter, bNow.data() + counter, 8);
+        std::memcpy(&oldFetched, aOld.data() + fetched, 8);
+        std::memcpy(&nowFetched, aNow.data() + fetched, 8);
+        const uint64_t added = oldCounter + 0x100000001ull * (k + 1);
+        right = st == 0 ? nowCounter == added && nowFetched == oldCounter
+                        : (nowCounter == added || nowCounter == oldCounter) &&
+                              (nowFetched == oldFetched || nowFetched == oldCounter);
+      }
+      if (!right) {
+        ++res.wrongBytes;
+        ADD_FAILURE() << "trial " << trial << " WQE " << i << " (status 0x" << std::hex << st
+                      << "): its destination holds bytes it cannot explain";
+      }
+    }
+    for (size_t b = 0; b < bNow.size(); ++b) {
+      if (!targeted[b] && bNow[b] != bOld[b]) {
+        ++res.wrongBytes;
+        ADD_FAILURE() << "trial " << trial << ": B's byte " << b << " changed and no WQE targets it";
+        break;
+      }
+    }
+    for (size_t b = 0; b < aNow.size(); ++b) {
+      if (!landed[b] && aNow[b] != aOld[b]) {
+        ++res.wrongBytes;
+        ADD_FAILURE() << "trial " << trial << ": A's byte " << b << " changed and no WQE writes it";
+        break;
+      }
+    }
+    a_->DestroyRdmaEndpoint(epA_.handle);
+    b_->DestroyRdmaEndpoint(epB_.handle);
+    return res;
+  }
+
+  // Trials at a high and a low rate of one fault: returns the outcomes summed; every trial must end in time.
+  FaultTrialResult RunTrials(EmulatedNicFaults f, double EmulatedNicFaults::*rate, uint32_t trialsPerRate) {
+    FaultTrialResult sum;
+    uint32_t trial = 0;
+    for (double r : {0.2, 0.004}) {
+      f.*rate = r;
+      for (uint32_t t = 0; t < trialsPerRate; ++t, ++trial) {
+        f.seed = 1000 + trial;
+        SetFaultsOnBoth(f, 150);
+        FaultTrialResult one = RunTrial(trial);
+        sum.ok += one.ok;
+        sum.errors += one.errors;
+        sum.unexpectedStatus += one.unexpectedStatus;
+        sum.missing += one.missing;
+        sum.wrongBytes += one.wrongBytes;
+      }
+    }
+    SetFaultsOnBoth(EmulatedNicFaults{}, 150);
+    return sum;
+  }
+};
+
+// Dropped packets: every WQE completes, with success (its bytes exact) or an error; the losses are counted.
+TEST_F(EmulatedNicUnderFaults, DroppedPacketsFailWqesAndNeverLeaveWrongBytes) {
+  EmulatedNicFaults f;
+  FaultTrialResult r = RunTrials(f, &EmulatedNicFaults::drop, 6);
+  EXPECT_EQ(r.missing, 0u) << "WQEs without a completion (a hang)";
+  EXPECT_EQ(r.wrongBytes, 0u);
+  EXPECT_EQ(r.unexpectedStatus, 0u);
+  EXPECT_GT(r.errors, 0u) << "no drop ever failed a WQE: the fault did not fire";
+  EXPECT_GT(r.ok, 0u) << "nothing succeeded: the low rate should let whole trials through";
+  EXPECT_GT(Sum().faultsDropped, 0u);
+}
+
+// Corrupted packets: each one is caught by the receiver's integrity check (every corruption injected is counted as
+// detected), and none is executed or accepted.
+TEST_F(EmulatedNicUnderFaults, CorruptedPacketsAreAllDetectedAndNeverExecuted) {
+  EmulatedNicFaults f;
+  FaultTrialResult r = RunTrials(f, &EmulatedNicFaults::corrupt, 6);
+  EXPECT_EQ(r.missing, 0u);
+  EXPECT_EQ(r.wrongBytes, 0u);
+  EXPECT_EQ(r.unexpectedStatus, 0u);
+  EXPECT_GT(r.errors, 0u);
+  EXPECT_GT(r.ok, 0u);
+  EmulatedNicStats s = Sum();
+  EXPECT_GT(s.faultsCorrupted, 0u);
+  EXPECT_EQ(s.integrityDrops, s.faultsCorrupted) << "a corrupted packet went undetected";
+}
+
+// Requests of one QP reordered on the wire: the one that overtook is refused (an error completion), never
+// applied out of order.
+TEST_F(EmulatedNicUnderFaults, ReorderedRequestsOfOneQpAreRefusedNeverAppliedOutOfOrder) {
+  EmulatedNicFaults f;
+  FaultTrialResult r = RunTrials(f, &EmulatedNicFaults::reorder, 6);
+  EXPECT_EQ(r.missing, 0u);
+  EXPECT_EQ(r.wrongBytes, 0u);
+  EXPECT_EQ(r.unexpectedStatus, 0u);
+  EXPECT_GT(r.errors, 0u);
+  EXPECT_GT(r.ok, 0u);
+  EmulatedNicStats s = Sum();
+  EXPECT_GT(s.faultsReordered, 0u);
+  EXPECT_GT(s.outOfSequence, 0u) << "no reordered request was noticed out of sequence";
+}
+
+// Every fault at once, at the high rate only.
+TEST_F(EmulatedNicUnderFaults, AllFaultsAtOnceNeverLeaveWrongBytes) {
+  EmulatedNicFaults f;
+  f.delayUsMax = 300;
+  f.drop = 0.05;
+  f.corrupt = 0.05;
+  FaultTrialResult r;
+  for (uint32_t t = 0; t < 6; ++t) {
+    f.seed = 77 + t;
+    f.reorder = 0.05;
+    SetFaultsOnBoth(f, 150);
+    FaultTrialResult one = RunTrial(t);
+    r.ok += one.ok;
+    r.errors += one.errors;
+    r.missing += one.missing;
+    r.wrongBytes += one.wrongBytes;
+    r.unexpectedStatus += one.unexpectedStatus;
+  }
+  SetFaultsOnBoth(EmulatedNicFaults{}, 150);
+  EXPECT_EQ(r.missing, 0u);
+  EXPECT_EQ(r.wrongBytes, 0u);
+  EXPECT_EQ(r.unexpectedStatus, 0u);
+  EXPECT_GT(r.errors, 0u);
+  EmulatedNicStats s = Sum();
+  EXPECT_EQ(s.integrityDrops, s.faultsCorrupted);
+}
+
+// Delay and reordering between QPs are what a healthy RC fabric does: four QP pairs, each with one request on the
+// wire at a time (so that a swap on the shared connection is always between two QPs), under random delays and a
+// high reorder rate; every operation succeeds with exact bytes.
+TEST_F(EmulatedNicUnderFaults, DelayAndCrossQpReorderLoseNothing) {
+  constexpr uint32_t kQps = 4, kOps = 60;
+  EmulatedNicFaults f;
+  f.seed = 4242;
+  f.reorder = 0.3;
+  f.delayUsMax = 400;
+  SetFaultsOnBoth(f, 5000);
+  GpuBuffer& aMem = Alloc(kQps * kOps * kSlot * 2);
+  GpuBuffer& bMem = Alloc(kQps * kOps * kSlot * 2);
+  Fill(aMem, 3, 33);
+  Fill(bMem, 4, 44);
+  RdmaMemoryRegion aMr = a_->RegisterRdmaMemoryRegion(aMem.Data(), aMem.Bytes());
+  RdmaMemoryRegion bMr = b_->RegisterRdmaMemoryRegion(bMem.Data(), bMem.Bytes());
+  std::vector<RdmaEndpoint> as(kQps), bs(kQps);
+  for (uint32_t q = 0; q < kQps; ++q) {
+    as[q] = a_->CreateRdmaEndpoint(RdmaEndpointConfig());
+    bs[q] = b_->CreateRdmaEndpoint(RdmaEndpointConfig());
+    a_->ConnectEndpoint(as[q].handle, bs[q].handle);
+    b_->ConnectEndpoint(bs[q].handle, as[q].handle);
+  }
+  const EmulatedNicStats before = Sum();
+  std::atomic<uint32_t> failures{0};
+  std::vector<std::thread> threads;
+  for (uint32_t q = 0; q < kQps; ++q) {
+    threads.emplace_back([&, q] {
+      for (uint32_t i = 0; i < kOps; ++i) {
+        // Op i of QP q: A's slot (q, i) to B's slot (q, i) by a write, then B's slot (q, i) + half back by a read.
+        const size_t slot = (size_t(q) * kOps + i) * kSlot;
+        const size_t half = kQps * kOps * kSlot;
+        HostWorkRequest wr;
+        wr.wrId = i;
+        wr.lkey = aMr.lkey;
+        wr.rkey = bMr.rkey;
+        wr.op = i % 2 == 0 ? HostOp::Write : HostOp::Read;
+        wr.laddr = aMr.addr + slot + (wr.op == HostOp::Read ? half : 0);
+        wr.raddr = bMr.addr + slot + (wr.op == HostOp::Read ? half : 0);
+        wr.bytes = kSlot;
+        a_->HostPost(as[q], wr);
+        HostCompletion c{};
+        c.status = -1;
+        core::Deadline deadline = core::Deadline::After(20);
+        while (a_->HostPoll(as[q], &c, 1) == 0 && !deadline.Expired()) std::this_thread::yield();
+        if (c.status != 0 || c.wrId != i) {
+          failures.fetch_add(1);
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(failures.load(), 0u) << "a WQE failed or none came under delay and cross-QP reordering";
+  for (uint32_t q = 0; q < kQps; ++q) {
+    for (uint32_t i = 0; i < kOps; ++i) {
+      const size_t slot = (size_t(q) * kOps + i) * kSlot;
+      const size_t half = kQps * kOps * kSlot;
+      if (i % 2 == 0) {
+        EXPECT_EQ(Mismatch(bMem, slot, kSlot, 3, 33, slot), kSlot) << "write " << q << "/" << i;
+        EXPECT_EQ(Mismatch(bMem, slot + half, kSlot, 4, 44, slot + half), kSlot) << "untouched " << q << "/" << i;
+      } else {
+        EXPECT_EQ(Mismatch(aMem, slot + half, kSlot, 4, 44, slot + half), kSlot) << "read " << q << "/" << i;
+        EXPECT_EQ(Mismatch(bMem, slot, kSlot, 4, 44, slot), kSlot) << "untouched " << q << "/" << i;
+      }
+    }
+  }
+  const EmulatedNicStats after = Sum();
+  EXPECT_GT(after.faultsReordered - before.faultsReordered, 0u) << "nothing was reordered";
+  EXPECT_GT(after.faultsDelayed - before.faultsDelayed, 0u) << "nothing was delayed";
+  EXPECT_EQ(after.outOfSequence - before.outOfSequence, 0u);
+  EXPECT_EQ(after.faultsDropped + after.faultsCorrupted + after.integrityDrops, 0u);
+  SetFaultsOnBoth(EmulatedNicFaults{}, 5000);
+}
+
+// The spec's parser: what it accepts, and each malformed field named with the variable.
+TEST(EmulatedNicFaultSpec, ParsesAndRejectsWithTheVariableAndField) {
+  EmulatedNicFaults f =
+      emulated::ParseFaultSpec("seed=9,drop=0.25,corrupt=1,reorder=0,delay_us=1500,ack_timeout_ms=300", "VAR");
+  EXPECT_EQ(f.ackTimeoutMs, 300u);
+  EXPECT_EQ(f.seed, 9u);
+  EXPECT_DOUBLE_EQ(f.drop, 0.25);
+  EXPECT_DOUBLE_EQ(f.corrupt, 1.0);
+  EXPECT_DOUBLE_EQ(f.reorder, 0.0);
+  EXPECT_EQ(f.delayUsMax, 1500u);
+  EXPECT_FALSE(emulated::ParseFaultSpec("", "VAR").Any());
+  for (const char* bad : {"drop=2", "drop=-0.1", "drop=x", "drop=nan", "corrupt=", "reorder", "delay_us=-1",
+                          "delay_us=1.5", "delay_us=20000000", "seed=-3", "loss=0.1", "ack_timeout_ms=x"}) {
+    try {
+      emulated::ParseFaultSpec(std::string("seed=1,") + bad, "MORI_EMULATED_NIC_FAULTS");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const core::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("MORI_EMULATED_NIC_FAULTS"), std::string::npos) << what;
+      EXPECT_NE(what.find(std::string("'") + bad + "'"), std::string::npos) << "the field is not named: " << what;
+    }
+  }
+  // Two NICs with one spec draw differently; one NIC's draws repeat for its seed.
+  EXPECT_NE(emulated::NicFaultSeed(1, 100, 0), emulated::NicFaultSeed(1, 100, 1));
+  EXPECT_NE(emulated::NicFaultSeed(1, 100, 0), emulated::NicFaultSeed(1, 101, 0));
+  emulated::FaultDraw x, y;
+  f.drop = 0.5;
+  x.Reset(f, 5);
+  y.Reset(f, 5);
+  uint32_t drops = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const bool dx = x.Drop();
+    EXPECT_EQ(dx, y.Drop());
+    drops += dx;
+  }
+  EXPECT_GT(drops, 400u);
+  EXPECT_LT(drops, 600u);
+}
+
+// The variable is read when a NIC is created: a malformed one fails the creation, naming it.
+TEST_F(EmulatedNic, AMalformedFaultSpecFailsTheNicCreation) {
+  setenv("MORI_EMULATED_NIC_FAULTS", "drop=0.1,corrupt=7", 1);
+  auto ports = GetActiveDevicePortList(context_->GetRdmaDeviceList());
+  try {
+    ports[0].first->CreateRdmaDeviceContext();
+    ADD_FAILURE() << "a NIC was created under a malformed MORI_EMULATED_NIC_FAULTS";
+  } catch (const core::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MORI_EMULATED_NIC_FAULTS"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'corrupt=7'"), std::string::npos) << e.what();
+  }
+  unsetenv("MORI_EMULATED_NIC_FAULTS");
 }
 
 // A QP that has work but cannot move (here: every WQE held back by the delay knob) is reported once per

@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -69,7 +70,56 @@ std::atomic<uint32_t>& NextQpn() {
 
 size_t AlignUp(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+std::atomic<uint32_t>& NextNicIndex() {
+  static std::atomic<uint32_t> next{0};
+  return next;
+}
+
+// A packet held back by the reorder fault goes out after the next packet on its connection, or alone after this
+// long when none follows (a held packet must not turn into a lost one).
+constexpr auto kMaxHold = std::chrono::milliseconds(2);
+
+// Header bytes that frame the stream (magic, version and type before atomicOp; length): on a real fabric the link
+// layer delimits frames and checks them apart (VCRC, PHY coding), so the corrupt fault leaves them alone.
+constexpr size_t kFramingHead = offsetof(PacketHeader, atomicOp);
+constexpr size_t kLengthAt = offsetof(PacketHeader, length);
+constexpr size_t kFramingBytes = kFramingHead + sizeof(uint64_t);
+static_assert(kLengthAt + sizeof(uint64_t) == offsetof(PacketHeader, icrc), "length is followed by the check");
+
+// The byte of a packet that the k-th non-framing byte is (k below the packet's size less kFramingBytes).
+size_t NonFramingByte(size_t k) {
+  k += kFramingHead;
+  return k < kLengthAt ? k : k + sizeof(uint64_t);
+}
+
 }  // namespace
+
+uint64_t PacketCheck(const PacketHeader& h, const void* payload, size_t bytes) {
+  constexpr uint64_t kOddMultiplier = 0x9e3779b97f4a7c15ull;  // odd: multiplying by it is a bijection mod 2^64
+  PacketHeader zeroed = h;
+  zeroed.icrc = 0;
+  uint64_t v = 0x6d6f726931637263ull;
+  const auto step = [&](uint64_t word) {
+    v = (v ^ word) * kOddMultiplier;
+    v ^= v >> 29;  // also a bijection: high bits reach the low ones for the next step
+  };
+  const auto words = [&](const uint8_t* p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, p + i, 8);
+      step(w);
+    }
+    if (i < n) {
+      uint64_t w = 0;
+      std::memcpy(&w, p + i, n - i);
+      step(w ^ (uint64_t(n - i) << 59));  // the tail's length in the word: trailing zero bytes still count
+    }
+  };
+  words(reinterpret_cast<const uint8_t*>(&zeroed), sizeof(zeroed));
+  words(static_cast<const uint8_t*>(payload), bytes);
+  return v;
+}
 
 std::string CheckPacketHeader(const PacketHeader& h) {
   if (h.magic != kWireMagic) return core::StrFormat("bad magic 0x%08x (not an emulated NIC)", h.magic);
@@ -97,6 +147,9 @@ SoftNic::SoftNic(RdmaDevice* device) : RdmaDeviceContext(device) {
              "MORI_EMULATED_NIC_DELAY_US=%lld is outside [0, 60000000]", static_cast<long long>(delay));
   delayUs_.store(static_cast<uint32_t>(delay));
   ackTimeoutMs_.store(static_cast<uint32_t>(core::TimeoutSeconds() * 1000));  // at most 30 days: fits
+  nicIndex_ = NextNicIndex().fetch_add(1);
+  const std::string faultSpec = core::EnvGetString("MORI_EMULATED_NIC_FAULTS");
+  if (!faultSpec.empty()) SetFaults(ParseFaultSpec(faultSpec, "MORI_EMULATED_NIC_FAULTS"));
   listenAddr_ = net::PickLocalAddress();
   listenAddr_.SetPort(0);
   listener_ = net::Listen(listenAddr_);
@@ -109,11 +162,36 @@ SoftNic::SoftNic(RdmaDevice* device) : RdmaDeviceContext(device) {
 SoftNic::~SoftNic() {
   stop_.store(true);
   if (engine_.joinable()) engine_.join();
+  // What the random faults did, for the run's record (tests/chaos/chaos.py sums these lines).
+  if (faultDraw_.Faults().Any() || integrityDrops_.load() != 0 || outOfSequence_.load() != 0) {
+    MORI_LOG_WARN(Rdma,
+                  "emulated NIC at %s: faults injected: dropped %llu, corrupted %llu, reordered %llu, delayed "
+                  "%llu; detected: integrity drops %llu, out of sequence %llu",
+                  listenAddr_.ToString().c_str(), static_cast<unsigned long long>(faultsDropped_.load()),
+                  static_cast<unsigned long long>(faultsCorrupted_.load()),
+                  static_cast<unsigned long long>(faultsReordered_.load()),
+                  static_cast<unsigned long long>(faultsDelayed_.load()),
+                  static_cast<unsigned long long>(integrityDrops_.load()),
+                  static_cast<unsigned long long>(outOfSequence_.load()));
+  }
 }
 
 EmulatedNicStats SoftNic::Stats() const {
-  return {wqesExecuted_.load(),  bytesMoved_.load(),     cqesWritten_.load(),    requestsServed_.load(),
-          stallReports_.load(), doorbellFaults_.load(), strangersRefused_.load()};
+  EmulatedNicStats s{};
+  s.wqesExecuted = wqesExecuted_.load();
+  s.bytesMoved = bytesMoved_.load();
+  s.cqesWritten = cqesWritten_.load();
+  s.requestsServed = requestsServed_.load();
+  s.stallReports = stallReports_.load();
+  s.doorbellFaults = doorbellFaults_.load();
+  s.strangersRefused = strangersRefused_.load();
+  s.faultsDropped = faultsDropped_.load();
+  s.faultsCorrupted = faultsCorrupted_.load();
+  s.faultsReordered = faultsReordered_.load();
+  s.faultsDelayed = faultsDelayed_.load();
+  s.integrityDrops = integrityDrops_.load();
+  s.outOfSequence = outOfSequence_.load();
+  return s;
 }
 
 // ---------------------------------------------------------------- setup
@@ -315,6 +393,27 @@ void SoftNic::DropLink() {
 
 void SoftNic::RestoreLink() { linkDropped_.store(false); }
 
+void SoftNic::SetFaults(const EmulatedNicFaults& faults) {
+  // Ranks started with one spec must draw differently: the rank when the launch names it (a rerun of the job
+  // then draws the same per NIC), else the process id.
+  const bool ranked = core::EnvIsSet("MORI_RANK");
+  const int64_t salt = ranked ? core::EnvGetInt("MORI_RANK") : static_cast<int64_t>(getpid());
+  const uint64_t seed = NicFaultSeed(faults.seed, static_cast<uint64_t>(salt), nicIndex_);
+  if (faults.ackTimeoutMs != 0) ackTimeoutMs_.store(faults.ackTimeoutMs);
+  std::lock_guard<std::mutex> lock(mutex_);
+  faultDraw_.Reset(faults, seed);
+  if (faults.Any()) {
+    // Once per NIC, at warn level so that it shows in every failing run's log: the seed names the draws (which
+    // packet each draw meets still depends on timing).
+    MORI_LOG_WARN(Rdma,
+                  "emulated NIC at %s: random packet faults %s (seed %llu; this NIC draws from %llu: %s %lld, "
+                  "NIC %u of the process)",
+                  listenAddr_.ToString().c_str(), FaultSpecString(faults).c_str(),
+                  static_cast<unsigned long long>(faults.seed), static_cast<unsigned long long>(seed),
+                  ranked ? "MORI_RANK" : "pid", static_cast<long long>(salt), nicIndex_);
+  }
+}
+
 // ---------------------------------------------------------------- engine
 
 void SoftNic::Run() {
@@ -332,6 +431,7 @@ void SoftNic::Run() {
           WatchProgress(*qp, moved, now);
         }
         work |= CheckAckTimers(now);
+        work |= FlushStaged(now);
         CloseSilentStrangers(now);
         ReapLinks();
       }
@@ -393,9 +493,10 @@ void SoftNic::WatchProgress(Qp& qp, bool moved, Clock::time_point now) {
 // connection took (a large payload still going: once the socket buffers are full, only a peer NIC that reads moves
 // it). Then it fails with transport-retry-exceeded and what follows is flushed, as when the link breaks: a peer NIC
 // that is stopped or stuck while its kernel keeps the connection up would otherwise hang the QP. The wire is TCP,
-// so nothing is lost or retransmitted: a response can only be late (the delay knob acts before sending, before the
-// timer starts). Only a look at the wire that began after the deadline counts, so that an engine held up itself
-// (its process stopped, its host overloaded) reads the responses waiting for it before it blames the peer.
+// so nothing is lost unless the random faults lose it (MORI_EMULATED_NIC_FAULTS); nothing is retransmitted: a lost
+// packet fails its WQE here, as an RC NIC's exhausted retries do. Only a look at the wire that began after the
+// deadline counts, so that an engine held up itself (its process stopped, its host overloaded) reads the responses
+// waiting for it before it blames the peer.
 bool SoftNic::CheckAckTimers(Clock::time_point now) {
   if (now < nextAckCheck_) return false;
   nextAckCheck_ = now + kAckTimerTick;
@@ -406,7 +507,9 @@ bool SoftNic::CheckAckTimers(Clock::time_point now) {
     auto oldest = std::find_if(qp->inflight.begin(), qp->inflight.end(), [](const InFlight& f) { return !f.done; });
     if (oldest == qp->inflight.end()) continue;
     Clock::time_point since = std::max(oldest->sent, qp->lastResponse);
-    if (qp->link != nullptr) since = std::max(since, qp->link->txMoved);
+    // Bytes the peer takes count only while the request itself may still be queued behind them: other QPs'
+    // traffic on the connection must not keep a lost request's timer from running.
+    if (qp->link != nullptr && qp->link->written < oldest->linkSeq) since = std::max(since, qp->link->txMoved);
     if (lastPollStart_ - since <= bound) continue;
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(now - since).count();
     MORI_LOG_WARN(Rdma,
@@ -637,6 +740,7 @@ bool SoftNic::StartWqe(Qp& qp, uint32_t slot, Clock::time_point now) {
   if (h.type != static_cast<uint8_t>(PacketType::ReadRequest)) h.length = payloadBytes;
   qp.inflight.push_back(f);
   Send(*link, h, payload, payloadBytes);
+  qp.inflight.back().linkSeq = link->released;
   return true;
 }
 
@@ -681,11 +785,83 @@ SoftNic::Link* SoftNic::OutgoingLink(Qp& qp) {
 }
 
 void SoftNic::Send(Link& link, const PacketHeader& h, const void* payload, size_t bytes) {
-  std::vector<uint8_t> packet(sizeof(h) + bytes);
-  std::memcpy(packet.data(), &h, sizeof(h));
-  if (bytes > 0) std::memcpy(packet.data() + sizeof(h), payload, bytes);
-  link.tx.push_back(std::move(packet));
-  WriteLink(link);
+  PacketHeader checked = h;
+  checked.icrc = PacketCheck(h, payload, bytes);
+  std::vector<uint8_t> packet(sizeof(checked) + bytes);
+  std::memcpy(packet.data(), &checked, sizeof(checked));
+  if (bytes > 0) std::memcpy(packet.data() + sizeof(checked), payload, bytes);
+  Transmit(link, std::move(packet), !IsHello(h.type));
+}
+
+// The random faults act here, on the packet as it leaves: a dropped one never reaches the peer, a corrupted one
+// reaches it with a bit its integrity check does not match, a reordered one follows the next packet of the
+// connection, a delayed one waits (after everything before it on the connection).
+void SoftNic::Transmit(Link& link, std::vector<uint8_t> packet, bool faultable) {
+  const Clock::time_point now = Clock::now();
+  if (!faultable || !faultDraw_.Faults().Any()) {
+    Release(link, std::move(packet), now);
+    return;
+  }
+  if (faultDraw_.Drop()) {
+    faultsDropped_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (faultDraw_.Corrupt()) {
+    const size_t bit = faultDraw_.Below((packet.size() - kFramingBytes) * 8);
+    packet[NonFramingByte(bit / 8)] ^= static_cast<uint8_t>(1u << (bit % 8));
+    faultsCorrupted_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (link.held.empty() && faultDraw_.Reorder()) {
+    link.held = std::move(packet);
+    link.heldSince = now;
+    return;
+  }
+  const uint32_t delay = faultDraw_.DelayUs();
+  if (delay > 0) faultsDelayed_.fetch_add(1, std::memory_order_relaxed);
+  const Clock::time_point when = now + std::chrono::microseconds(delay);
+  Release(link, std::move(packet), when);
+  if (!link.held.empty()) {
+    faultsReordered_.fetch_add(1, std::memory_order_relaxed);
+    Release(link, std::move(link.held), when);
+    link.held.clear();
+  }
+}
+
+// Queues a packet to be sent at `when` or after everything queued before it, whichever is later.
+void SoftNic::Release(Link& link, std::vector<uint8_t> packet, Clock::time_point when) {
+  if (link.dead) return;
+  when = std::max(when, link.lastRelease);
+  link.lastRelease = when;
+  ++link.released;
+  if (link.staged.empty() && when <= Clock::now()) {
+    link.tx.push_back(std::move(packet));
+    WriteLink(link);
+    return;
+  }
+  link.staged.emplace_back(when, std::move(packet));
+}
+
+// Moves the packets whose delay has passed to their connection's send queue, and lets a held packet that nothing
+// followed go alone.
+bool SoftNic::FlushStaged(Clock::time_point now) {
+  bool work = false;
+  for (auto& link : links_) {
+    if (link->dead) continue;
+    if (!link->held.empty() && now - link->heldSince > kMaxHold) {
+      std::vector<uint8_t> held = std::move(link->held);
+      link->held.clear();
+      Release(*link, std::move(held), now);
+    }
+    bool moved = false;
+    while (!link->staged.empty() && link->staged.front().first <= now) {
+      link->tx.push_back(std::move(link->staged.front().second));
+      link->staged.pop_front();
+      moved = true;
+    }
+    if (moved) WriteLink(*link);
+    work |= moved || !link->staged.empty() || !link->held.empty();
+  }
+  return work;
 }
 
 void SoftNic::Respond(Link& link, const PacketHeader& request, PacketType type, uint8_t syndrome, const void* payload,
@@ -809,6 +985,9 @@ bool SoftNic::ExecuteUnchecked(Qp& qp, Request& r, Clock::time_point now) {
   const PacketHeader& h = r.header;
   Link& link = *r.link;
   if (qp.state != Qp::State::Ready || qp.remoteQpn != h.srcQpn || h.psn != qp.expectedPsn) {
+    if (qp.state == Qp::State::Ready && qp.remoteQpn == h.srcQpn) {
+      outOfSequence_.fetch_add(1, std::memory_order_relaxed);
+    }
     // No live QP connected to that source, or out of sequence (a request after one this responder refused:
     // the requester has the error of the refused one and flushes everything after it).
     MORI_LOG_DEBUG(Rdma, "emulated QP %u: refused request psn %u from QP %u (expecting psn %u from QP %u)", qp.qpn,
@@ -1041,6 +1220,7 @@ void SoftNic::WriteLink(Link& link) {
     if (link.txOffset == packet.size()) {
       link.tx.pop_front();
       link.txOffset = 0;
+      ++link.written;
     }
   }
 }
@@ -1093,6 +1273,14 @@ void SoftNic::ReadLink(Link& link) {
     link.rxHeaderGot = 0;
     link.rxPayloadGot = 0;
     link.rxPayload.clear();
+    if (!PacketCheckPasses(h, payload.data(), payload.size())) {
+      // As a NIC drops a packet whose ICRC fails: nothing of it is believed, not even which QP it names; its
+      // requester's ack timer notices the loss.
+      integrityDrops_.fetch_add(1, std::memory_order_relaxed);
+      MORI_LOG_DEBUG(Rdma, "emulated NIC: dropped a packet from %s whose integrity check failed (type %u, %zu bytes)",
+                     link.peer.ToString().c_str(), h.type, payload.size());
+      continue;
+    }
     OnPacket(link, h, payload);
   }
 }
@@ -1100,15 +1288,17 @@ void SoftNic::ReadLink(Link& link) {
 // An accepted connection's first packet must be a hello that names this NIC's nonce; a second hello, or a hello
 // on a connection this NIC opened, is as wrong. Returns whether the link goes on.
 bool SoftNic::Greet(Link& link, const PacketHeader& h) {
-  if (!link.greeted && HelloAdmits(h, nonce_)) {
+  if (!link.greeted && HelloAdmits(h, nonce_) && PacketCheckPasses(h, nullptr, 0)) {
     link.greeted = true;
     link.peerNonce = h.swapAdd;
     return true;
   }
   strangersRefused_.fetch_add(1, std::memory_order_relaxed);
-  const char* why = link.greeted           ? "a second hello"
-                    : IsHello(h.type)      ? "its hello named another NIC's nonce (a peer of another job?)"
-                                           : "its first packet was not a hello (a stranger on the wire?)";
+  const char* why = link.greeted ? "a second hello"
+                    : IsHello(h.type) && !HelloAdmits(h, nonce_)
+                        ? "its hello named another NIC's nonce (a peer of another job?)"
+                    : IsHello(h.type) ? "its hello failed the integrity check"
+                                      : "its first packet was not a hello (a stranger on the wire?)";
   MORI_LOG_WARN(Rdma, "emulated NIC: refused the wire connection from %s: %s", link.peer.ToString().c_str(), why);
   KillLink(link, std::string("refused: ") + why);
   return false;
@@ -1165,6 +1355,8 @@ void SoftNic::KillLink(Link& link, const std::string& reason) {
   link.deathReason = reason;
   link.fd.Reset();
   link.tx.clear();
+  link.staged.clear();
+  link.held.clear();
   for (auto& [qpn, qp] : qps_) {
     if (qp->link == &link) {
       // Nothing more will come back for what is in flight: the requester's retries are exhausted.

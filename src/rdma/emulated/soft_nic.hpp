@@ -16,10 +16,12 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "../../core/socket.hpp"
 #include "../mlx5/mlx5_host_queue.hpp"
+#include "faults.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/rdma/emulated.hpp"
 #include "mori/rdma/rdma.hpp"
@@ -52,6 +54,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   void SetRnrTimeoutMilliseconds(uint32_t ms) override { rnrTimeoutMs_.store(ms); }
   void SetStallReportMilliseconds(uint32_t ms) override { stallReportMs_.store(ms); }
   void SetAckTimeoutMilliseconds(uint32_t ms) override { ackTimeoutMs_.store(ms); }
+  void SetFaults(const EmulatedNicFaults& faults) override;
   EmulatedNicStats Stats() const override;
 
  private:
@@ -81,6 +84,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
     uint32_t length = 0;
     uint32_t lkey = 0;    // of the region laddr lies in: looked up again when the response comes
     Clock::time_point sent{};  // when the request went to the link: its ack timer starts here
+    uint64_t linkSeq = 0;      // packets released to the link up to this request's (Link::released)
   };
 
   // A request from a peer, executed in arrival order per QP.
@@ -147,7 +151,16 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
     size_t rxPayloadGot = 0;
     std::deque<std::vector<uint8_t>> tx;
     size_t txOffset = 0;
+    // Random faults: packets waiting for their delay to pass (release times never decrease: order is kept), and
+    // one packet held back to be sent after the next.
+    std::deque<std::pair<std::chrono::steady_clock::time_point, std::vector<uint8_t>>> staged;
+    std::chrono::steady_clock::time_point lastRelease{};
+    std::vector<uint8_t> held;
+    std::chrono::steady_clock::time_point heldSince{};
     std::chrono::steady_clock::time_point txMoved{};  // when the peer last took bytes (a large payload still going)
+    // Packets queued to be sent and packets wholly handed to the socket, ever.
+    uint64_t released = 0;
+    uint64_t written = 0;
   };
 
   void Run();
@@ -174,6 +187,9 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   void FailInFlight(Qp& qp, uint8_t syndrome);
   Link* OutgoingLink(Qp& qp);
   void Send(Link& link, const PacketHeader& h, const void* payload, size_t bytes);
+  void Transmit(Link& link, std::vector<uint8_t> packet, bool faultable);
+  void Release(Link& link, std::vector<uint8_t> packet, Clock::time_point when);
+  bool FlushStaged(Clock::time_point now);
   void Respond(Link& link, const PacketHeader& request, PacketType type, uint8_t syndrome, const void* payload,
                size_t bytes, uint64_t value = 0);
 
@@ -211,9 +227,13 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   std::atomic<uint32_t> rnrTimeoutMs_{5000};
   std::atomic<uint32_t> stallReportMs_{10000};
   std::atomic<uint32_t> ackTimeoutMs_{0};  // MORI_TIMEOUT_S unless a test sets it
+  FaultDraw faultDraw_;                    // under mutex_
+  uint32_t nicIndex_ = 0;                  // this NIC's creation index in the process
   Clock::time_point nextAckCheck_{};
   Clock::time_point lastPollStart_{};  // when the engine's last look at the wire began (engine thread only)
   std::atomic<uint64_t> stallReports_{0}, doorbellFaults_{0}, strangersRefused_{0};
+  std::atomic<uint64_t> faultsDropped_{0}, faultsCorrupted_{0}, faultsReordered_{0}, faultsDelayed_{0};
+  std::atomic<uint64_t> integrityDrops_{0}, outOfSequence_{0};
   std::atomic<uint64_t> wqesExecuted_{0}, bytesMoved_{0}, cqesWritten_{0}, requestsServed_{0};
   Clock::time_point lastWork_;
   std::thread engine_;

@@ -3,15 +3,18 @@
 // each connection keeps RC's per-QP order. A connection opens with a hello that carries the nonce of the NIC
 // it reaches (from that NIC's endpoint handles, which only the job has) and the nonce of the NIC that opens
 // it; the accepting NIC takes nothing else first, and runs requests only for QPs connected to that NIC.
+// Every packet carries an integrity check of its header and payload (IB's ICRC): a packet that fails it is
+// dropped by the receiver, never executed or accepted.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace mori::rdma::emulated {
 
 constexpr uint32_t kWireMagic = 0x4e454f4dU;  // "MOEN"
-constexpr uint8_t kWireVersion = 2;
+constexpr uint8_t kWireVersion = 3;           // 3: 64-byte header with the integrity check
 constexpr uint64_t kMaxWirePayload = 1ull << 31;
 
 enum class PacketType : uint8_t {
@@ -39,8 +42,11 @@ struct PacketHeader {
   uint64_t swapAdd;   // atomic operand; an atomic response's original value
   uint64_t compare;
   uint64_t length;    // payload bytes that follow; a read request's requested length
+  uint64_t icrc;      // PacketCheck of this header (this field as zero) and the payload
 };
-static_assert(sizeof(PacketHeader) == 56, "the wire header is 56 bytes");
+// 56 bytes of fields and the 8-byte check: the header keeps 8-byte alignment for the payload that follows.
+static_assert(sizeof(PacketHeader) == 64, "the wire header is 64 bytes");
+static_assert(offsetof(PacketHeader, icrc) == 56, "the integrity check ends the header");
 
 inline bool IsRequest(uint8_t type) { return type >= 1 && type <= 4; }
 inline bool IsResponse(uint8_t type) { return type >= 5 && type <= 7; }
@@ -58,6 +64,15 @@ inline PacketHeader MakePacketHeader(PacketType type) {
 // Bytes that follow the header on the wire (a read request's length is what it asks for, not what it carries).
 inline uint64_t PayloadBytes(const PacketHeader& h) {
   return h.type == static_cast<uint8_t>(PacketType::ReadRequest) ? 0 : h.length;
+}
+
+// The integrity check of a packet: a multiply-xor chain over 8-byte words of the header (its icrc as zero) and
+// the payload. Each step is a bijection of the running value for a fixed word, so a packet that differs from the
+// checked one in a single word (any one flipped bit, in particular) always fails; other damage passes with
+// probability about 2^-64.
+uint64_t PacketCheck(const PacketHeader& h, const void* payload, size_t bytes);
+inline bool PacketCheckPasses(const PacketHeader& h, const void* payload, size_t bytes) {
+  return PacketCheck(h, payload, bytes) == h.icrc;
 }
 
 // Empty when the header is well formed, else why not.
