@@ -66,8 +66,9 @@ inline uint64_t PayloadBytes(const PacketHeader& h) {
   return h.type == static_cast<uint8_t>(PacketType::ReadRequest) ? 0 : h.length;
 }
 
-// The integrity check of a packet: a multiply-xor chain over 8-byte words of the header (its icrc as zero) and
-// the payload. Each step is a bijection of the running value for a fixed word, so a packet that differs from the
+// The integrity check of a packet: multiply-xor chains over 8-byte words of the header (its icrc as zero) and
+// the payload (four interleaved chains, folded in at the end, so it runs at several GB/s). Each step is a
+// bijection of the running value for a fixed word and of the word for a fixed value, so a packet that differs from the
 // checked one in a single word (any one flipped bit, in particular) always fails; other damage passes with
 // probability about 2^-64.
 uint64_t PacketCheck(const PacketHeader& h, const void* payload, size_t bytes);
