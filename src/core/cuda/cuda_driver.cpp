@@ -75,12 +75,15 @@ bool PassingContextRefusal(CUresult rc) {
 // deadline; `what` names the refusal for the log and the error.
 template <typename Attempt>
 void WaitOutRefusals(Attempt attempt, const char* what) {
-  const Deadline deadline = Deadline::Default();
+  // Every recovery measured came within 0.3 s; a process whose refusal CUDA keeps never recovers, so waiting the
+  // whole MORI_TIMEOUT_S for it only delays the error.
+  constexpr double kRefusalWaitS = 5;
+  const Deadline deadline = Deadline::After(std::min(kRefusalWaitS, Deadline::Default().TotalSeconds()));
   const auto start = std::chrono::steady_clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   MORI_LOG_WARN(Gpu,
-                "the GPU refused a new context (%s); retrying for up to %.0f s (MORI_TIMEOUT_S): an MPS server "
-                "refuses clients while it reclaims a killed one",
+                "the GPU refused a new context (%s); retrying for up to %.0f s: an MPS server refuses clients for "
+                "a moment while it reclaims a killed one",
                 what, deadline.TotalSeconds());
   auto pause = std::chrono::milliseconds(10);
   for (;;) {
@@ -92,8 +95,9 @@ void WaitOutRefusals(Attempt attempt, const char* what) {
     }
     if (deadline.Expired()) {
       MORI_THROW(ErrorCode::Gpu,
-                 "the GPU refused a new context for %.1f s (MORI_TIMEOUT_S): %s; is another process holding it "
-                 "(compute mode exclusive, a stuck MPS client)?",
+                 "the GPU refused a new context for %.1f s: %s. Under MPS, CUDA may keep refusing a process whose "
+                 "first context was refused while the server reclaimed a killed client: start the job again. "
+                 "Otherwise another process holds the GPU (compute mode exclusive, a stuck MPS client)",
                  seconds(), what);
     }
   }
