@@ -69,6 +69,8 @@ class EpDispatchCombineOp:
                             "float8_e4m3fn)")
         if config.kernel not in _KERNELS:
             raise MoriError(f"mori.ep: kernel {config.kernel!r} is not one of {sorted(_KERNELS)}")
+        self._dev = None
+        self._device()
         self._h = _mori.EpHandle(config.hidden_dim, config.max_tokens_per_rank, config.num_experts_per_rank,
                                  config.topk, codes[self.dtype], config.scale_dim, _KERNELS[config.kernel],
                                  config.blocks, config.warps_per_block)
@@ -84,8 +86,13 @@ class EpDispatchCombineOp:
         self._views = None  # (addresses, tensors over them) of the result buffers
 
     def _device(self):
-        torch = _shmem._torch()
-        return torch.device("cpu") if _mori.backend == "HOST" else torch.device("cuda", torch.cuda.current_device())
+        """Where the op's tensors live: the heap's GPU, the current device when the op was built (asked once: it
+        is several microseconds of every call otherwise)."""
+        if self._dev is None:
+            torch = _shmem._torch()
+            self._dev = torch.device("cpu") if _mori.backend == "HOST" else torch.device(
+                "cuda", torch.cuda.current_device())
+        return self._dev
 
     def _check(self, t, name, dtype, shape, op):
         if t.dtype != dtype:
@@ -94,8 +101,8 @@ class EpDispatchCombineOp:
             raise MoriError(f"{op}: {name} has shape {tuple(t.shape)}, the op needs {tuple(shape)}")
         if not t.is_contiguous():
             raise MoriError(f"{op}: {name} must be contiguous")
-        if t.device != self._device():
-            raise MoriError(f"{op}: {name} is on {t.device}, the op's tensors are on {self._device()}")
+        if t.device != self._dev:
+            raise MoriError(f"{op}: {name} is on {t.device}, the op's tensors are on {self._dev}")
 
     def _view(self, address, shape, dtype):
         torch = _shmem._torch()

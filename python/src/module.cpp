@@ -334,6 +334,22 @@ auto EpCall(const char* op, F&& call) {
   }
 }
 
+// Dispatch and combine only enqueue kernels on a GPU: they keep the GIL (letting it go and taking it back is two
+// more switches per call on the path the EP benchmarks time). On HOST a launch runs the kernels' threads and may
+// wait for peers, so there they let it go as EpCall does.
+template <typename F>
+auto EpLaunch(const char* op, F&& call) {
+#if MORI_BACKEND_HOST
+  return EpCall(op, std::forward<F>(call));
+#else
+  try {
+    return call();
+  } catch (const core::Error& e) {
+    throw MoriError(std::string(op) + ": " + e.what());
+  }
+#endif
+}
+
 class EpHandle {
  public:
   EpHandle(int hiddenDim, int maxTokensPerRank, int numExpertsPerRank, int topk, int dtype, int scaleDim,
@@ -378,7 +394,7 @@ class EpHandle {
   void DispatchSend(uintptr_t input, uintptr_t indices, uintptr_t weights, uintptr_t scales, int numTokens,
                     uintptr_t stream) {
     auto& h = Get("mori.ep.dispatch");
-    EpCall("mori.ep.dispatch", [&] {
+    EpLaunch("mori.ep.dispatch", [&] {
       h.DispatchSend(reinterpret_cast<const void*>(input), reinterpret_cast<const int32_t*>(indices),
                      reinterpret_cast<const float*>(weights), reinterpret_cast<const float*>(scales), numTokens,
                      reinterpret_cast<core::GpuStream>(stream));
@@ -388,12 +404,12 @@ class EpHandle {
   std::vector<uintptr_t> DispatchRecv(uintptr_t stream) {
     auto& h = Get("mori.ep.dispatch_recv");
     return Addresses(
-        EpCall("mori.ep.dispatch_recv", [&] { return h.DispatchRecv(reinterpret_cast<core::GpuStream>(stream)); }));
+        EpLaunch("mori.ep.dispatch_recv", [&] { return h.DispatchRecv(reinterpret_cast<core::GpuStream>(stream)); }));
   }
 
   void Combine(uintptr_t expertOutput, uintptr_t output, uintptr_t stream) {
     auto& h = Get("mori.ep.combine");
-    EpCall("mori.ep.combine", [&] {
+    EpLaunch("mori.ep.combine", [&] {
       h.Combine(reinterpret_cast<const void*>(expertOutput), reinterpret_cast<void*>(output),
                 reinterpret_cast<core::GpuStream>(stream));
     });
@@ -401,15 +417,15 @@ class EpHandle {
 
   void CombineSend(uintptr_t expertOutput, uintptr_t stream) {
     auto& h = Get("mori.ep.combine_send");
-    EpCall("mori.ep.combine_send", [&] {
+    EpLaunch("mori.ep.combine_send", [&] {
       h.CombineSend(reinterpret_cast<const void*>(expertOutput), reinterpret_cast<core::GpuStream>(stream));
     });
   }
 
   void CombineRecv(uintptr_t output, uintptr_t stream) {
     auto& h = Get("mori.ep.combine_recv");
-    EpCall("mori.ep.combine_recv",
-           [&] { h.CombineRecv(reinterpret_cast<void*>(output), reinterpret_cast<core::GpuStream>(stream)); });
+    EpLaunch("mori.ep.combine_recv",
+             [&] { h.CombineRecv(reinterpret_cast<void*>(output), reinterpret_cast<core::GpuStream>(stream)); });
   }
 
   py::tuple Status(uintptr_t stream) {
