@@ -231,6 +231,7 @@ std::shared_future<std::shared_ptr<Connection>> ConnectRdma(Communicator::Impl& 
                           pending->nic->GetRdmaDevice()->Name().c_str(), remoteRank, TransportName(remoteTransport),
                           NicKind(remoteBackend));
                pending->nic->ConnectEndpoint(pending->endpoint.handle, peer.handle);
+               pending->nic->NameRemote(pending->endpoint.handle, StrFormat("rank %d", remoteRank));
                // A request that reaches a QP not yet connected is refused (emulated NIC) or dropped until
                // the retries run out (real NIC): neither side posts before both QPs are ready.
                uint32_t ready = kReadyMagic;

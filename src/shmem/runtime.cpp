@@ -14,6 +14,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/logging.hpp"
 #include "mori/core/timeout.hpp"
+#include "mori/rdma/emulated.hpp"
 #include "mori/shmem/shmem_api.hpp"
 #include "stream_ops.hpp"
 
@@ -271,6 +272,7 @@ void Runtime::SetUpRdma() {
       } else {
         const auto& remote = all[(static_cast<size_t>(pe) * n + static_cast<size_t>(rank_)) * qpsPerPe_ + q];
         nic_->ConnectEndpoint(local.handle, remote);
+        nic_->NameRemote(local.handle, core::StrFormat("PE %d", pe));
       }
     }
   }
@@ -402,7 +404,20 @@ void Runtime::BuildDeviceState() {
 Runtime::~Runtime() {
   // Reached without Finalize only at process exit: no collective steps then (peers may be gone), the
   // members release what they hold in reverse order (NIC engines stop before the heap goes).
-  if (!finalized_) MORI_LOG_WARN(Shmem, "PE %d exits without ShmemFinalize()", rank_);
+  if (finalized_) return;
+  // Which peers' NICs vanished before this exit, first first: after a death, the PE that names a survivor
+  // that failed before it still says here which peer went first.
+  std::string lost;
+  for (const rdma::EmulatedPeerLoss& l : rdma::EmulatedNicPeerLosses()) {
+    lost += core::StrFormat("%s%s (%.2f s ago: %s)", lost.empty() ? "" : ", ", l.name.c_str(), l.secondsAgo,
+                            l.reason.c_str());
+  }
+  if (lost.empty()) {
+    MORI_LOG_WARN(Shmem, "PE %d exits without ShmemFinalize()", rank_);
+  } else {
+    MORI_LOG_WARN(Shmem, "PE %d exits without ShmemFinalize(); peers lost before, first first: %s", rank_,
+                  lost.c_str());
+  }
 }
 
 void Runtime::Finalize() {

@@ -391,9 +391,9 @@ class Trial:
         A survivor that learns of the death stops at once and sends nothing more (its kernel traps; a failed proxy
         drops every later request), and one that is stuck on the dead PE sends nothing either. A survivor waiting
         for it then sees it go silent (or its NIC or connection vanish) and may name only it: a true report, that
-        leads to the dead PE when that PE's own report does. So a survivor passes when it names the dead PE, or
-        names a PE whose report leads there ("cascade"); one whose names lead nowhere (none, or only each other)
-        fails.
+        leads to the dead PE when that PE's own report does ("cascade"). The runtime lists at exit the peers whose
+        NICs it lost, first first, so every survivor must name the dead PE itself: one that names only a PE whose
+        report leads there fails as a cascade, one whose names lead nowhere (none, or only each other) as unnamed.
         """
         for info in self.survivors.values():
             info["named"] = "direct" if self.victim in info["runtime_names"] | info["job_names"] else "unnamed"
@@ -411,11 +411,15 @@ class Trial:
                     info["named"] = "cascade"
                     changed = True
         for r, info in self.survivors.items():
+            named = sorted(info["runtime_names"] | info["job_names"])
             if info["outcome"] == "ok" and info["named"] == "unnamed":
-                named = sorted(info["runtime_names"] | info["job_names"])
                 info["outcome"] = "unnamed"
                 self.fail("unnamed", f"rank {r} names neither PE {self.victim} nor a PE whose failure leads to it "
                           f"(named: {named or 'none'})")
+            elif info["outcome"] == "ok" and info["named"] == "cascade":
+                info["outcome"] = "unnamed"
+                self.fail("cascade", f"rank {r} names not PE {self.victim} but only PEs whose failures lead to it "
+                          f"(named: {named})")
 
     def check_leaks(self, procs, shm_before):
         left = tagged_processes(self.tag)

@@ -19,6 +19,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/timeout.hpp"
+#include "mori/rdma/emulated.hpp"
 
 namespace mori::core {
 namespace {
@@ -395,6 +396,43 @@ TEST_P(RdmaConnectionMp, FlushFailsClearlyAfterThePeerDied) {
     EXPECT_TRUE(failed) << "writes to a dead peer kept succeeding";
     // The connection stays failed, and says so again at once.
     ExpectError([&] { conn->Flush(); }, ErrorCode::Rdma, "rank 1");
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
+}
+
+// A survivor that has nothing in flight to the dead peer (it waits on another PE, say) still learns at once that
+// the peer's NIC went, and by name: the record a failing process lists at exit, so that it names the first death
+// and not only the PE it was waiting on.
+TEST_P(RdmaConnectionMp, APeerWhoseNicVanishesIsRecordedByNameWithNothingInFlight) {
+  if (GetParam() != Transport::Emulated) GTEST_SKIP() << "the record is the emulated NIC's";
+  const std::string root = LoopbackRoot();
+  auto outcomes = test::RunProcesses(2, [&](int rank) {
+    Rank r(rank, 2, root);
+    const int peer = 1 - rank;
+    GpuBuffer a(4096);
+    RegisteredMemory aMem = r.comm->RegisterMemory(a.Data(), a.Bytes(), Transport::Emulated);
+    r.comm->SendMemory(aMem, peer);
+    auto conn = r.comm->Connect(Config(Transport::Emulated), peer).get();
+    RegisteredMemory peerA = r.comm->RecvMemory(peer).get();
+    conn->Write(peerA, 0, aMem, 0, 4096);  // both wire connections open
+    conn->Flush();
+    r.bootstrap->Barrier();
+    EXPECT_TRUE(rdma::EmulatedNicPeerLosses().empty());
+    if (rank == 1) test::DieAbruptly(0);
+    const Deadline deadline = Deadline::After(10);
+    std::vector<rdma::EmulatedPeerLoss> losses;
+    while (losses.empty() && !deadline.Expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      losses = rdma::EmulatedNicPeerLosses();
+    }
+    EXPECT_EQ(losses.size(), 1u) << "the peer's death was not recorded within 10 s";
+    if (!losses.empty()) {
+      EXPECT_EQ(losses[0].name, "rank 1");
+      EXPECT_NE(losses[0].reason.find("closed"), std::string::npos) << losses[0].reason;
+      EXPECT_GE(losses[0].secondsAgo, 0.0);
+      EXPECT_LT(losses[0].secondsAgo, 10.0);
+    }
     return 0;
   });
   test::ExpectAllSucceed(outcomes);

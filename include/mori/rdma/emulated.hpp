@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "mori/rdma/rdma.hpp"
 
@@ -66,6 +68,15 @@ class EmulatedNicControl {
   virtual void SetFaults(const EmulatedNicFaults& faults) = 0;
   virtual EmulatedNicStats Stats() const = 0;
 };
+
+// A peer whose NIC closed its wire connections with an emulated NIC of this process (its process ended, or the
+// link broke) while QPs here were connected to it, in the order the losses were seen.
+struct EmulatedPeerLoss {
+  std::string name;    // as NameRemote gave it ("rank 3"), else the peer NIC's address
+  double secondsAgo;   // before the call
+  std::string reason;  // what the NIC saw
+};
+std::vector<EmulatedPeerLoss> EmulatedNicPeerLosses();
 
 // The controls of an Emulated device context; nullptr for contexts of other backends.
 EmulatedNicControl* GetEmulatedNicControl(RdmaDeviceContext* context);

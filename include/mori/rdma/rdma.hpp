@@ -87,6 +87,12 @@ class RdmaDeviceContext {
   // RESET -> INIT -> RTR -> RTS against the peer's handle.
   virtual void ConnectEndpoint(const RdmaEndpointHandle& local, const RdmaEndpointHandle& remote) = 0;
   virtual void DestroyRdmaEndpoint(const RdmaEndpointHandle& local) = 0;
+  // What the peer of a connected endpoint is called in messages ("rank 3"); a backend may ignore it. The
+  // emulated NIC uses it to say which peer it lost (EmulatedNicPeerLosses).
+  virtual void NameRemote(const RdmaEndpointHandle& local, const std::string& name) {
+    (void)local;
+    (void)name;
+  }
 
   virtual RdmaMemoryRegion RegisterRdmaMemoryRegion(void* ptr, size_t bytes, uint32_t access = kRdmaAccessAll) = 0;
   virtual void DeregisterRdmaMemoryRegion(void* ptr) = 0;

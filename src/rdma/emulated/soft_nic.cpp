@@ -1225,7 +1225,7 @@ void SoftNic::WriteLink(Link& link) {
                      MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
-      KillLink(link, "the wire connection broke (" + core::ErrnoString(errno) + ")");
+      KillLink(link, "the wire connection broke (" + core::ErrnoString(errno) + ")", true);
       return;
     }
     link.txOffset += static_cast<size_t>(n);
@@ -1255,11 +1255,11 @@ void SoftNic::ReadLink(Link& link) {
     if (want > 0 && n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
       if (errno == EINTR) continue;
-      KillLink(link, "the wire connection broke (" + core::ErrnoString(errno) + ")");
+      KillLink(link, "the wire connection broke (" + core::ErrnoString(errno) + ")", true);
       return;
     }
     if (want > 0 && n == 0) {
-      KillLink(link, "the peer NIC closed the wire connection (its process exited?)");
+      KillLink(link, "the peer NIC closed the wire connection (its process exited?)", true);
       return;
     }
     if (link.rxHeaderGot < sizeof(PacketHeader)) {
@@ -1362,8 +1362,35 @@ void SoftNic::OnPacket(Link& link, PacketHeader& h, std::vector<uint8_t>& payloa
   OnResponse(*qp, h, payload);
 }
 
-void SoftNic::KillLink(Link& link, const std::string& reason) {
+// Peers lost by any emulated NIC of this process, first first; one record per name.
+struct PeerLossLog {
+  std::mutex mutex;
+  std::vector<std::pair<std::chrono::steady_clock::time_point, EmulatedPeerLoss>> losses;
+};
+
+PeerLossLog& PeerLosses() {
+  static PeerLossLog* log = new PeerLossLog;  // never destroyed: NIC threads may record while statics go
+  return *log;
+}
+
+void SoftNic::NameRemote(const RdmaEndpointHandle& local, const std::string& name) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Qp& qp = QpOf(local, "NameRemote");
+  if (qp.remoteNonce != 0) remoteNames_[qp.remoteNonce] = name;
+}
+
+void SoftNic::KillLink(Link& link, const std::string& reason, bool peerGone) {
   if (link.dead) return;
+  if (peerGone && link.peerNonce != 0) {
+    auto named = remoteNames_.find(link.peerNonce);
+    if (named != remoteNames_.end()) {
+      PeerLossLog& log = PeerLosses();
+      std::lock_guard<std::mutex> lock(log.mutex);
+      bool known = false;
+      for (const auto& entry : log.losses) known |= entry.second.name == named->second;
+      if (!known) log.losses.push_back({Clock::now(), EmulatedPeerLoss{named->second, 0, reason}});
+    }
+  }
   link.dead = true;
   link.deathReason = reason;
   link.fd.Reset();
@@ -1419,3 +1446,19 @@ int SoftNic::HostPoll(RdmaEndpoint& ep, HostCompletion* out, int maxCompletions)
 }
 
 }  // namespace mori::rdma::emulated
+
+namespace mori::rdma {
+
+std::vector<EmulatedPeerLoss> EmulatedNicPeerLosses() {
+  emulated::PeerLossLog& log = emulated::PeerLosses();
+  std::lock_guard<std::mutex> lock(log.mutex);
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<EmulatedPeerLoss> out;
+  for (const auto& [when, loss] : log.losses) {
+    out.push_back(loss);
+    out.back().secondsAgo = std::chrono::duration<double>(now - when).count();
+  }
+  return out;
+}
+
+}  // namespace mori::rdma

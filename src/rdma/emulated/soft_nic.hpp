@@ -40,6 +40,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
 
   RdmaEndpoint CreateRdmaEndpoint(const RdmaEndpointConfig& config) override;
   void ConnectEndpoint(const RdmaEndpointHandle& local, const RdmaEndpointHandle& remote) override;
+  void NameRemote(const RdmaEndpointHandle& local, const std::string& name) override;
   void DestroyRdmaEndpoint(const RdmaEndpointHandle& local) override;
   RdmaMemoryRegion RegisterRdmaMemoryRegion(void* ptr, size_t bytes, uint32_t access) override;
   void DeregisterRdmaMemoryRegion(void* ptr) override;
@@ -177,7 +178,9 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   bool Greet(Link& link, const PacketHeader& h);
   void Refuse(Link& link, const PacketHeader& request);
   void CloseSilentStrangers(Clock::time_point now);
-  void KillLink(Link& link, const std::string& reason);
+  // `peerGone`: the peer's end closed or broke (its process ended?), recorded for EmulatedNicPeerLosses when QPs
+  // here are connected to that NIC.
+  void KillLink(Link& link, const std::string& reason, bool peerGone = false);
   void ReapLinks();
 
   // Requester side.
@@ -210,6 +213,7 @@ class SoftNic : public RdmaDeviceContext, public EmulatedNicControl {
   Qp& QpOf(const RdmaEndpointHandle& h, const char* what);
 
   mutable std::mutex mutex_;
+  std::map<uint64_t, std::string> remoteNames_;  // peer NIC nonce -> what NameRemote called its QPs' peer
   std::map<uint32_t, std::unique_ptr<Qp>> qps_;
   std::map<uint32_t, Region> regions_;  // by key
   std::list<std::unique_ptr<Link>> links_;
