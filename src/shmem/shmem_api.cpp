@@ -304,7 +304,11 @@ void* ShmemCalloc(size_t count, size_t bytes) {
 
 void ShmemFree(void* ptr) { Guarded("ShmemFree", [ptr] { Current("ShmemFree").Free(ptr); }); }
 
-void ShmemBarrierAll() { Guarded("ShmemBarrierAll", [] { Current("ShmemBarrierAll").Barrier(); }); }
+void ShmemBarrierAll() { (void)ShmemBarrierAllChecked(); }
+
+int ShmemBarrierAllChecked() {
+  return Guarded("ShmemBarrierAll", [] { Current("ShmemBarrierAll").Barrier(); });
+}
 
 TransportType ShmemTransportType(int pe) {
   TransportType t = TransportType::Self;

@@ -207,7 +207,8 @@ class Trial:
         self.index = index
         rng = random.Random(seed)
         self.victim = rng.randrange(RANKS)
-        self.delay = rng.uniform(0.05, 0.5)
+        # steady: after every rank's ready line; init: after the ranks start, somewhere in their ShmemInit
+        self.delay = rng.uniform(0.05, 0.5) if args.phase == "steady" else rng.uniform(0.0, args.init_window_s)
         self.bytes = rng.choice(SLOT_BYTES)
         self.port_rng = random.Random(seed ^ 0x5A5A5A5A)  # retries change the port, not the trial
         self.tag = f"{os.getpid()}-{seed:08x}"
@@ -240,6 +241,7 @@ class Trial:
             TAG_VAR: self.tag,
         })
         procs, files = [], []
+        self.spawned = time.monotonic()
         for rank in range(RANKS):
             env = dict(base, MORI_RANK=str(rank))
             path = os.path.join(workdir, f"rank{rank}.log")
@@ -267,6 +269,8 @@ class Trial:
             shm_before = set(os.listdir("/dev/shm"))
             for attempt in range(5):
                 procs, files, port = self.start(workdir)
+                if self.args.phase == "init":
+                    break  # the kill lands during start-up: no ready lines to wait for
                 ready, early = self.wait_ready(procs, files)
                 if ready:
                     break
@@ -315,14 +319,24 @@ class Trial:
 
     def kill_and_watch(self, procs, files):
         pids = [p.pid for p in procs]
-        self.sockets = job_sockets(pids)
-        time.sleep(self.delay)
+        if self.args.phase == "init":
+            # The delay counts from the start; the sockets the job opened so far are read just before the kill
+            # (the victim's own go with it; the survivors' are read again afterwards).
+            time.sleep(max(0.0, self.spawned + self.delay - time.monotonic()))
+            self.sockets = set()
+        else:
+            self.sockets = job_sockets(pids)
+            time.sleep(self.delay)
+            self.sockets |= job_sockets(pids)
         for r, p in enumerate(procs):
             if p.poll() is not None:
                 self.fail("early exit", f"rank {r} exited with {p.returncode} before the kill")
-        self.sockets |= job_sockets(pids)
+        self.ready_at_kill = sum(" ready after " in self.output(files, r) for r in range(RANKS))
         procs[self.victim].send_signal(self.args.signal)
         killed_at = time.monotonic()
+        if self.args.phase == "init":
+            self.kill_after_start = killed_at - self.spawned
+            self.sockets |= job_sockets(pids)  # the survivors' (they run on until they notice)
         self.killed_at = killed_at
         bound = self.args.timeout_s + self.args.slack_s
         ended = {}
@@ -353,11 +367,12 @@ class Trial:
             if stamp:  # when it printed its report (both clocks are CLOCK_MONOTONIC)
                 info["reported"] = float(stamp.group(1)) - killed_at
             self.survivors[r] = info
-            after_ready = text[text.find(" ready after "):]
+            # Killed during start-up, a survivor may have no ready line: all its output counts then.
+            after_ready = text[text.find(" ready after "):] if " ready after " in text else "\n" + text
             lines = after_ready.splitlines()[1:]
             # PEs the runtime's messages name (its log prefix names this rank itself: left out).
             info["runtime_names"] = {int(pe) for l in lines if not l.startswith("shmem_chaos:")
-                                     for pe in re.findall(r"\b(?:PE|pe|rank) (\d+)\b", l)} - {r}
+                                     for pe in re.findall(r"\b(?:PE|pe|rank|rank\(s\)) (\d+)\b", l)} - {r}
             # PEs whose signal the job waited for in vain: the dead one, and any PE stuck behind it or gone.
             info["job_names"] = {int(pe) for l in lines if l.startswith("shmem_chaos:")
                                  for m in [re.search(r"no round-\d+ signal from (.*?); ", l)] if m
@@ -410,6 +425,10 @@ class Trial:
                        for p in info["runtime_names"] | info["job_names"]):
                     info["named"] = "cascade"
                     changed = True
+        if self.args.phase == "init":
+            # Killed during start-up, a rank that never joined the job can name only the root that turned it away,
+            # and ranks in a collective with the dead one may name each other: counted, not failed (docs/CHAOS.md).
+            return
         for r, info in self.survivors.items():
             named = sorted(info["runtime_names"] | info["job_names"])
             if info["outcome"] == "ok" and info["named"] == "unnamed":
@@ -470,7 +489,10 @@ class Trial:
                 else "unnamed")
             parts.append(f"{r}:{info['outcome']} {secs} {how}")
         gone = "-" if getattr(self, "victim_gone", None) is None else f"{self.victim_gone:.2f} s"
-        return (f"kill {self.index} seed {self.seed:#010x}: rank {self.victim} {self.delay:.3f} s after ready "
+        when = "after ready" if self.args.phase == "steady" else \
+            f"after start (killed {getattr(self, 'kill_after_start', 0):.3f} s after it, " \
+            f"{getattr(self, 'ready_at_kill', 0)} of {RANKS} ready)"
+        return (f"kill {self.index} seed {self.seed:#010x}: rank {self.victim} {self.delay:.3f} s {when} "
                 f"(gone {gone} later), {self.bytes} B per pair; survivors " + ", ".join(parts) +
                 ("; " + "; ".join(self.notes) if self.notes else "") +
                 ("" if not self.problems else "  <-- FAILED: " + ", ".join(sorted({c for c, _ in self.problems}))))
@@ -626,6 +648,11 @@ def main():
                         help="how much longer than MORI_TIMEOUT_S after the kill a survivor may take to end "
                         "(default 1.5)")
     parser.add_argument("--heap", default="32m", help="MORI_SHMEM_HEAP_SIZE (default 32m)")
+    parser.add_argument("--phase", choices=["steady", "init"], default="steady",
+                        help="when the kill lands: steady (default: rounds running, after every ready line) or init "
+                        "(uniformly within --init-window-s of the start: bootstrap, ShmemInit, the first barrier)")
+    parser.add_argument("--init-window-s", type=float, default=0.6,
+                        help="with --phase init, the kill lands in [0, this) s after the ranks start (default 0.6)")
     parser.add_argument("--barrier-every", type=int, default=0,
                         help="the job's host ShmemBarrierAll every so many rounds (default 0: none)")
     parser.add_argument("--jobs", type=int, default=2, help="trials run at the same time (default 2)")
@@ -711,7 +738,7 @@ def main():
           f"unnoticed deaths {counts['unnoticed']}, dead PE unnamed {counts['unnamed']}, leaks {counts['leaks']}, "
           f"other failures {other}; dead PE named directly by {counts['named direct']} (in the runtime's "
           f"messages {counts['runtime_named']}, in the job's {counts['job_named']}, the job's naming it alone "
-          f"{counts['job_exact']}), only through a cascade by {counts['named cascade']}; survivors reported {told} "
+          f"{counts['job_exact']}), only through a cascade by {counts['named cascade']}, by no chain {counts['named unnamed']}; survivors reported {told} "
           f"and ended {span} after the kill (bound {args.timeout_s + args.slack_s:.1f} s; report to exit "
           f"{exit_span}); {elapsed:.1f} s", flush=True)
     if failed:

@@ -275,6 +275,14 @@ Findings CheckArea(const Area& a, int me, int64_t round, bool complete, size_t* 
   return f;
 }
 
+// A barrier that failed (the runtime's log line above names why): the job cannot go on.
+int BarrierFailed(int me, int64_t round) {
+  const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  Say("shmem_chaos: PE %d FAILED in the barrier after round %lld (see the log above) [monotonic %.3f s]\n", me,
+      static_cast<long long>(round), now);
+  return 1;
+}
+
 int Run(int argc, char** argv) {
   Options opt;
   if (!ParseOptions(argc, argv, &opt)) {
@@ -316,7 +324,8 @@ int Run(int argc, char** argv) {
     }
     MORI_CHECK_GPU(core::GpuMemcpy(area.base, init.data(), init.size()));
   }
-  shmem::ShmemBarrierAll();  // nobody puts into an area its owner is still filling
+  // Nobody puts into an area its owner is still filling.
+  if (shmem::ShmemBarrierAllChecked() != 0) return BarrierFailed(me, 0);
 
   std::vector<uint8_t> out(static_cast<size_t>(n) * opt.bytes);
   int64_t round = 1;
@@ -387,10 +396,11 @@ int Run(int argc, char** argv) {
           static_cast<long long>(round), n, opt.bytes, transports.c_str());
     }
     if (round >= opt.rounds) break;
-    // ShmemBarrierAll returns nothing: a barrier that failed (it logs why) shows in the next round.
-    if (opt.barrierEvery > 0 && round % opt.barrierEvery == 0) shmem::ShmemBarrierAll();
+    if (opt.barrierEvery > 0 && round % opt.barrierEvery == 0 && shmem::ShmemBarrierAllChecked() != 0) {
+      return BarrierFailed(me, round);
+    }
   }
-  shmem::ShmemBarrierAll();
+  if (shmem::ShmemBarrierAllChecked() != 0) return BarrierFailed(me, round);
   if (shmem::ShmemFinalize() != 0) {
     Say("shmem_chaos: PE %d FAILED in ShmemFinalize after %lld rounds\n", me, static_cast<long long>(round));
     return 1;

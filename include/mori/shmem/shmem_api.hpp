@@ -39,6 +39,10 @@ void ShmemFree(void* ptr);
 
 // Waits until every PE has arrived (the GPU work queued so far on this PE finished first).
 void ShmemBarrierAll();
+// The same barrier, saying whether it completed: 0, or non-zero when it failed (a peer died, a wait ran out: the
+// log names the cause). After a failure the job cannot go on; ShmemBarrierAll fails the same way, unseen by its
+// caller.
+int ShmemBarrierAllChecked();
 
 // Ordered with the caller's work on `stream` (a kernel of one thread on it), without blocking the host:
 // the barrier (quiet, then wait for every PE's arrival) and the quiet (every put, get and atomic issued
