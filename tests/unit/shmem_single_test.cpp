@@ -245,7 +245,9 @@ MORI_GLOBAL void SelfKernel(uint8_t* dst, const uint8_t* src, size_t bytes, uint
 }
 
 TEST_F(ShmemSingleTest, EveryFamilyOnTheSelfTransport) {
+  EXPECT_NE(ShmemBarrierAllChecked(), 0) << "before ShmemInit";
   ASSERT_EQ(ShmemInit(), 0);
+  EXPECT_EQ(ShmemBarrierAllChecked(), 0);
   EXPECT_EQ(ShmemTransportType(0), TransportType::Self);
   const size_t bytes = 1234;
   auto* dst = static_cast<uint8_t*>(ShmemCalloc(1, bytes));
@@ -336,6 +338,11 @@ TEST_F(ShmemSingleTest, UniqueIdInitAndAPeerThatDies) {
   ::testing::internal::CaptureStderr();
   ShmemBarrierAll();
   std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
+  // The same barrier, checked: it says it failed, and names the dead PE again.
+  ::testing::internal::CaptureStderr();
+  EXPECT_NE(ShmemBarrierAllChecked(), 0);
+  err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("rank 1"), std::string::npos) << err;
   unsetenv("MORI_TIMEOUT_S");
 }
