@@ -588,6 +588,21 @@ class FaultTrial(Trial):
                 ("" if not self.problems else "  <-- FAILED: " + ", ".join(sorted({c for c, _ in self.problems}))))
 
 
+def report_problems(trial, counts, failed, verbose):
+    """Counts a finished trial's problems and leaks, prints each problem with the command that reruns the trial,
+    and its ranks' output when it failed (always with --verbose)."""
+    for category, _ in trial.problems:
+        counts["problem " + category] += 1
+    counts["leaks"] += trial.leaks
+    if trial.problems:
+        failed.append(trial)
+        for category, text in trial.problems:
+            print(f"  [{category}] {text}".replace("\n", "\n    "), flush=True)
+        print(f"  reproduce: {trial.rerun_command()}", flush=True)
+    if verbose or trial.problems:
+        print("    " + trial.log.rstrip("\n").replace("\n", "\n    "), flush=True)
+
+
 def run_faults(args, seeds):
     """The --faults mode: every seed one run of the job under random packet faults."""
     start = time.monotonic()
@@ -605,16 +620,7 @@ def run_faults(args, seeds):
                 counts["nic only"] += 1
             nic.update(trial.nic)
             seconds.append(trial.seconds or 0)
-            for category, _ in trial.problems:
-                counts["problem " + category] += 1
-            counts["leaks"] += trial.leaks
-            if trial.problems:
-                failed.append(trial)
-                for category, text in trial.problems:
-                    print(f"  [{category}] {text}".replace("\n", "\n    "), flush=True)
-                print(f"  reproduce: {trial.rerun_command()}", flush=True)
-            if args.verbose or trial.problems:
-                print("    " + trial.log.rstrip("\n").replace("\n", "\n    "), flush=True)
+            report_problems(trial, counts, failed, args.verbose)
     elapsed = time.monotonic() - start
     print(f"chaos_faults_{args.transport}: {len(seeds)} runs of {args.rounds} rounds under '{args.faults}': "
           f"completed {counts['completed']}, failed with error completions {counts['failed']} (of them named only "
@@ -712,16 +718,7 @@ def main():
                     reported.append(info["reported"])
                     if info["seconds"] is not None:
                         exits.append(info["seconds"] - info["reported"])
-            for category, _ in trial.problems:
-                counts["problem " + category] += 1
-            counts["leaks"] += trial.leaks
-            if trial.problems:
-                failed.append(trial)
-                for category, text in trial.problems:
-                    print(f"  [{category}] {text}".replace("\n", "\n    "), flush=True)
-                print(f"  reproduce: {trial.rerun_command()}", flush=True)
-            if args.verbose or trial.problems:
-                print("    " + trial.log.rstrip("\n").replace("\n", "\n    "), flush=True)
+            report_problems(trial, counts, failed, args.verbose)
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         futures = [pool.submit(Trial(args, s, i + 1).run) for i, s in enumerate(seeds)]

@@ -1181,6 +1181,15 @@ struct FaultTrialResult {
   uint32_t unexpectedStatus = 0;  // a syndrome no lossy fabric explains
   uint32_t missing = 0;           // WQEs without a completion when the bound ran out
   uint32_t wrongBytes = 0;        // destinations holding bytes that neither the old nor the new content explains
+
+  FaultTrialResult& operator+=(const FaultTrialResult& o) {
+    ok += o.ok;
+    errors += o.errors;
+    unexpectedStatus += o.unexpectedStatus;
+    missing += o.missing;
+    wrongBytes += o.wrongBytes;
+    return *this;
+  }
 };
 
 class EmulatedNicUnderFaults : public EmulatedNic {
@@ -1354,12 +1363,7 @@ class EmulatedNicUnderFaults : public EmulatedNic {
       for (uint32_t t = 0; t < trialsPerRate; ++t, ++trial) {
         f.seed = 1000 + trial;
         SetFaultsOnBoth(f, 150);
-        FaultTrialResult one = RunTrial(trial);
-        sum.ok += one.ok;
-        sum.errors += one.errors;
-        sum.unexpectedStatus += one.unexpectedStatus;
-        sum.missing += one.missing;
-        sum.wrongBytes += one.wrongBytes;
+        sum += RunTrial(trial);
       }
     }
     SetFaultsOnBoth(EmulatedNicFaults{}, 150);
@@ -1420,12 +1424,7 @@ TEST_F(EmulatedNicUnderFaults, AllFaultsAtOnceNeverLeaveWrongBytes) {
     f.seed = 77 + t;
     f.reorder = 0.05;
     SetFaultsOnBoth(f, 150);
-    FaultTrialResult one = RunTrial(t);
-    r.ok += one.ok;
-    r.errors += one.errors;
-    r.missing += one.missing;
-    r.wrongBytes += one.wrongBytes;
-    r.unexpectedStatus += one.unexpectedStatus;
+    r += RunTrial(t);
   }
   SetFaultsOnBoth(EmulatedNicFaults{}, 150);
   EXPECT_EQ(r.missing, 0u);
