@@ -146,18 +146,33 @@ bench_ep() {
 
 # Killed jobs (scripts/killed_job_check.sh): a 2-PE job ended by TERM, INT or KILL to mpirun, or TERM to one rank,
 # under p2p and rdma; no rank may outlive mpirun and the next job on the GPU must pass.
+# KILL_CASES="SIGNAL:TARGET ..." picks the cases; KILL_ROUNDS=N repeats each N times; KILL_BASELINE=1 then runs the same again with MORI_STOP_ON_SIGNAL=0
+# (ranks that die in their kernels, as before the stop existed), for comparison in the same run. Under MPS the
+# daemon is restarted between the two (a server left "not ready" by one would fail the other's jobs).
 killed_jobs() {
-  local sig target tr
-  for tr in p2p rdma; do
-    for case in TERM:launcher INT:launcher KILL:launcher TERM:rank; do
-      sig=${case%%:*} target=${case##*:}
-      run "killed_job_${tr}_${sig,,}_$target" "$repo/scripts/killed_job_check.sh" "$sig" "$target" "$tr" "${mpirun_[@]}"
+  local sig target tr round stop
+  local stops=(1)
+  [ "${KILL_BASELINE:-0}" = 1 ] && stops=(1 0)
+  for stop in "${stops[@]}"; do
+    if [ "$stop" = 0 ] && [ ${#mps_env[@]} -gt 0 ]; then
+      echo quit | nvidia-cuda-mps-control; sleep 2; nvidia-cuda-mps-control -d && echo "MPS daemon restarted"
+    fi
+    for round in $(seq "${KILL_ROUNDS:-1}"); do
+      for tr in p2p rdma; do
+        for case in ${KILL_CASES:-TERM:launcher INT:launcher KILL:launcher TERM:rank}; do
+          sig=${case%%:*} target=${case##*:}
+          MORI_STOP_ON_SIGNAL=$stop run "killed_job_${tr}_${sig,,}_${target}_stop${stop}_r$round" \
+            "$repo/scripts/killed_job_check.sh" "$sig" "$target" "$tr" "${mpirun_[@]}"
+        done
+      done
     done
   done
   grep -h "^killed_job" "$out"/killed_job_*.log > "$out/killed_jobs.txt" 2>/dev/null
 }
-# ONLY=kill: the killed jobs alone.
+# ONLY=kill: the killed jobs alone (after the tests of the stop on SIGTERM, each in its own process).
 if [ "${ONLY:-}" = kill ]; then
+  run stop_tests ctest --output-on-failure --timeout 120 -R 'ShmemSingleTest.(TheStopWord|StopHandlers)|ShmemStopTest'
+  grep -E '^[0-9]+% tests passed' "$out/stop_tests.log" | sed 's/^/stop tests: /' | tee -a "$out/summary.txt"
   killed_jobs
   cat "$out/summary.txt" "$out/killed_jobs.txt"
   exit $rc

@@ -26,7 +26,10 @@ fail=0
 problem() { echo "killed_job $sig $target $transport: $*"; fail=1; }
 
 # Only the job carries the tag (this script's own subshells must not).
+stop_env=()
+[ -n "${MORI_STOP_ON_SIGNAL:-}" ] && stop_env=(-x MORI_STOP_ON_SIGNAL)
 env KILLED_JOB_TAG="$tag" "${mpirun[@]}" -np 2 -x MORI_SHMEM_TRANSPORT="$transport" -x MORI_TIMEOUT_S=30 -x KILLED_JOB_TAG \
+  "${stop_env[@]}" \
   ./tests/chaos/shmem_chaos --ready-after 20 > "$log" 2>&1 &
 job=$!
 deadline=$((SECONDS + 90))
@@ -70,13 +73,16 @@ left=$(tagged | paste -sd,)
 # The next job on this GPU, right away.
 next_log=$(mktemp /tmp/killed-job-next.XXXXXX)
 t1=$(now)
-timeout -k 5 120 "${mpirun[@]}" -np 2 -x MORI_SHMEM_TRANSPORT="$transport" -x MORI_TIMEOUT_S=60 \
+timeout -k 5 120 "${mpirun[@]}" -np 2 -x MORI_SHMEM_TRANSPORT="$transport" -x MORI_TIMEOUT_S=20 \
   ./examples/shmem/shmem_put > "$next_log" 2>&1
 next_rc=$?
 next_s=$(elapsed "$t1")
 [ $next_rc -eq 0 ] || { problem "the next job (shmem_put) failed with exit $next_rc"; cat "$next_log"; }
+# Ranks that stopped their device waits before ending (core/stop.hpp; MORI_STOP_ON_SIGNAL=0 turns it off).
+stopped=$(grep -c 'device waits stopped' "$log")
 echo "killed_job $sig to $target, $transport: mpirun ended after ${launcher_s:-never} s (exit $launcher_rc)," \
-  "no rank left after ${ranks_s:-never} s; next shmem_put: exit $next_rc in $next_s s"
+  "no rank left after ${ranks_s:-never} s, $stopped rank(s) stopped their waits first" \
+  "(MORI_STOP_ON_SIGNAL=${MORI_STOP_ON_SIGNAL:-1}); next shmem_put: exit $next_rc in $next_s s"
 [ $fail -eq 0 ] || { echo "---- the killed job's output"; cat "$log"; }
 rm -f "$log" "$next_log"
 exit $fail

@@ -10,6 +10,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/logging.hpp"
+#include "mori/core/stop.hpp"
 
 #include "device_zero.hpp"
 
@@ -150,6 +151,7 @@ FifoDeviceHandle Fifo::DeviceHandle() const {
   h.proxyFailed = m.Failed();
   h.size = m.size;
   h.timeoutNs = m.timeoutNs;
+  h.stop = DeviceStopWord();
   return h;
 }
 

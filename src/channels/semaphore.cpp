@@ -21,6 +21,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/logging.hpp"
+#include "mori/core/stop.hpp"
 #include "mori/core/timeout.hpp"
 #include "registered_memory_impl.hpp"
 
@@ -182,6 +183,7 @@ SemaphoreDeviceHandle Semaphore::DeviceHandle() const {
   h.timeoutNs = static_cast<uint64_t>(TimeoutSeconds() * 1e9);
   h.rank = s.rank;
   h.remoteRank = s.remoteRank;
+  h.stop = DeviceStopWord();
   return h;
 }
 

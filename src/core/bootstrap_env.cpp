@@ -13,6 +13,7 @@
 #include "mori/core/logging.hpp"
 #if MORI_HAS_MPI
 #include "mori/core/mpi_bootstrap.hpp"
+#include "mori/core/stop.hpp"
 #endif
 
 namespace mori::core {
@@ -125,7 +126,7 @@ void ExitWithLauncher(Launcher launcher) {
                        "the launcher of this process (%s, pid %d) is gone: exiting so that no rank of a killed job "
                        "keeps running (MORI_EXIT_WITH_LAUNCHER=off keeps it)",
                        LauncherName(launcher), static_cast<int>(launcherPid));
-        kill(getpid(), SIGKILL);
+        StopWaitsAndEnd(SIGKILL, "launcher gone");
       }
     }).detach();
     MORI_LOG_DEBUG(Core, "exits with its launcher (%s, pid %d)", LauncherName(launcher), static_cast<int>(launcherPid));

@@ -41,6 +41,11 @@ const std::vector<EnvParamInfo>& kRegistry = *new std::vector<EnvParamInfo>{
     {"MORI_EXIT_WITH_LAUNCHER", EnvType::Choice, "auto", "auto|on|off",
      "end this process (SIGKILL) when the process that launched it is gone, so that a rank never outlives a killed "
      "job with its kernels spinning: auto does so under mpirun and torchrun, on for any launch, off never"},
+    {"MORI_STOP_ON_SIGNAL", EnvType::Bool, "1", "",
+     "on SIGTERM or SIGINT (when the application has no handler of its own) stop every mori device wait, wait for "
+     "the device to go idle, then end with that signal: a killed job leaves no running kernel behind"},
+    {"MORI_STOP_DRAIN_MS", EnvType::Int, "2000", "",
+     "how long a process that was asked to end waits for its kernels to leave before it ends anyway"},
     {"MORI_RDMA_BACKEND", EnvType::Choice, "auto", "auto|directverbs|ibverbs|emulated",
      "which RDMA backend serves GPU-initiated transfers: auto picks DirectVerbs when an mlx5 NIC is present, "
      "else the emulated NIC"},

@@ -13,6 +13,7 @@
 #include "mori/core/format.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/logging.hpp"
+#include "mori/core/stop.hpp"
 #include "mori/core/timeout.hpp"
 #include "mori/rdma/emulated.hpp"
 #include "mori/shmem/shmem_api.hpp"
@@ -381,6 +382,7 @@ void Runtime::BuildDeviceState() {
   deviceTeamMembers_ = reinterpret_cast<int32_t*>(base + l.teamMembers);
   state_.teams = deviceTeams_;
   state_.teamSyncSeq = reinterpret_cast<uint64_t*>(base + l.teamSyncSeq);
+  state_.stopWord = core::DeviceStopWord();
   // The inline window of mapped bases: all mapped PEs when they fit in one window, else the window around
   // this PE.
   int lo = rank_, hi = rank_;

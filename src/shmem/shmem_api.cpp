@@ -13,6 +13,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/launch.hpp"
 #include "mori/core/logging.hpp"
+#include "mori/core/stop.hpp"
 #include "guarded.hpp"
 #include "runtime.hpp"
 #include "stream_ops.hpp"
@@ -171,6 +172,8 @@ int Start(const char* op, std::shared_ptr<core::Bootstrap> bootstrap) {
   }
   core::ExitWithLauncher(launcher);
   rt = std::make_unique<Runtime>(std::move(bootstrap));
+  // After the runtime: the stop word lives in pinned memory of the device's context.
+  core::InstallStopOnSignals();
   detail::PreloadStreamKernels();
   return 0;
 }

@@ -3,6 +3,8 @@
 // every family on the Self transport, and two forked PEs over P2P, RDMA and the Proxy transport.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,7 +14,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/test_util.hpp"
@@ -20,6 +25,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/kernel.hpp"
+#include "mori/core/stop.hpp"
 #include "mori/shmem/shmem_api.hpp"
 #include "mori/shmem/shmem_device_api.hpp"
 #include "runtime.hpp"
@@ -725,6 +731,229 @@ TEST_F(ShmemSingleTest, AKernelThatNeverEndsFailsTheBarrierAndFinalizeWithinTheT
   ASSERT_EQ(core::GpuMemcpy(&got, word, sizeof(got)), core::kGpuSuccess);
   EXPECT_EQ(got, value) << "the kernel's late write did not land in the heap";
   unsetenv("MORI_TIMEOUT_S");
+}
+
+
+// Waits that only a stop ends (core/stop.hpp): in block 0, thread 0 waits for a signal nobody sends while the
+// block's other threads wait for it at a block barrier; in block 1, PE 0 enters a device barrier that PE 1 never
+// joins (a one-PE job: every thread waits for a signal); in block 2, every thread waits for a value nobody
+// writes. `started` (host-pinned) counts the threads that got there.
+MORI_GLOBAL void NeverSatisfiedKernel(uint64_t* words, int rank, int nPes, uint32_t* started) {
+  const unsigned b = core::FlatBlockIdx(), t = core::FlatThreadIdx();
+  core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::System>(started, 1u);
+  if (b == 0) {
+    if (t == 0) ShmemWaitUntil<uint64_t>(&words[0], CmpOp::EQ, 0x600d);
+    core::SyncThreads();
+  } else if (b == 1 && rank == 0 && nPes > 1) {
+    ShmemBarrierAllBlock();
+  } else {
+    ShmemWaitUntil<uint64_t>(&words[1 + t % 2], CmpOp::GE, 1000 + t);
+  }
+}
+
+MORI_GLOBAL void WaitSatisfiedKernel(uint64_t* words) {
+  ShmemWaitUntil<uint64_t>(&words[3], CmpOp::EQ, 0x5eed);
+  words[3] = 0x5eed + 1;
+}
+
+constexpr unsigned kStopBlocks = 3;
+constexpr unsigned kStopThreads = 4;
+
+// Waits, bounded, until the kernel's threads have all started.
+bool AllStarted(const uint32_t* started, double seconds) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(started) < kStopBlocks * kStopThreads) {
+    if (std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// The stop word set while every kind of wait spins: the kernel ends long before MORI_TIMEOUT_S (60 s here), and
+// with the word cleared again, waits work as before.
+TEST_F(ShmemSingleTest, TheStopWordEndsEveryKindOfDeviceWait) {
+  setenv("MORI_TIMEOUT_S", "60", 1);
+  ASSERT_EQ(ShmemInit(), 0);
+  auto* words = static_cast<uint64_t*>(ShmemCalloc(4, sizeof(uint64_t)));
+  ASSERT_NE(words, nullptr);
+  core::GpuBuffer started(sizeof(uint32_t), core::MemoryType::HostPinned);
+  std::memset(started.Data(), 0, sizeof(uint32_t));
+  core::LaunchKernel(NeverSatisfiedKernel, Dim3(kStopBlocks), Dim3(kStopThreads), 0, nullptr, words, 0, 1,
+                     started.DataAs<uint32_t>());
+  ASSERT_TRUE(AllStarted(started.DataAs<uint32_t>(), 30)) << "the kernel did not start";
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  core::detail::SetStopWordForTesting(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  // HOST fails a launch whose threads were stopped; a GPU kernel just ends. Either way it ends, well within 10 s.
+  EXPECT_NO_THROW((void)core::DeviceSynchronizeBy(core::Deadline::After(10), "the stopped kernel"));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 10.0);
+  core::detail::SetStopWordForTesting(false);
+  (void)core::GpuGetLastError();
+  // Waits that are satisfied still return what they waited for.
+  const uint64_t go = 0x5eed;
+  ASSERT_EQ(core::GpuMemcpy(&words[3], &go, sizeof(go)), core::kGpuSuccess);
+  core::LaunchKernel(WaitSatisfiedKernel, Dim3(1), Dim3(1), 0, nullptr, words);
+  ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+  uint64_t got = 0;
+  ASSERT_EQ(core::GpuMemcpy(&got, &words[3], sizeof(got)), core::kGpuSuccess);
+  EXPECT_EQ(got, go + 1);
+  EXPECT_EQ(ShmemFinalize(), 0);
+  unsetenv("MORI_TIMEOUT_S");
+}
+
+// A PE of a pair: initialises, starts NeverSatisfiedKernel, tells the parent on `readyFd`, and waits for the
+// kernel. Only the stop and the signal after it end the process; returning is a failure (the code says where).
+int WaitUntilStopped(const mori_shmem_uniqueid_t& uid, int rank, int readyFd) {
+  if (!InitPe(uid, rank)) return 10;
+  auto* words = static_cast<uint64_t*>(ShmemCalloc(4, sizeof(uint64_t)));
+  if (words == nullptr) return 11;
+  core::GpuBuffer started(sizeof(uint32_t), core::MemoryType::HostPinned);
+  std::memset(started.Data(), 0, sizeof(uint32_t));
+  ShmemBarrierAll();
+  core::LaunchKernel(NeverSatisfiedKernel, Dim3(kStopBlocks), Dim3(kStopThreads), 0, nullptr, words, rank, 2,
+                     started.DataAs<uint32_t>());
+  if (!AllStarted(started.DataAs<uint32_t>(), 30)) return 12;
+  const char c = 'k';
+  if (write(readyFd, &c, 1) != 1) return 13;
+  (void)core::GpuDeviceSynchronize();
+  // The kernel has left; the signal ends the process right after. Still here after 10 s: no stop happened.
+  for (int i = 0; i < 100; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  return 14;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class ShmemStopTest : public ShmemPairTest {};
+
+// Both PEs of a pair wait in kernels that nothing but a stop ends (MORI_TIMEOUT_S is 60 s); SIGTERM to each
+// ends it within seconds, by SIGTERM (what the sender sees), and its log says its device waits were stopped and
+// the device went idle first.
+TEST_P(ShmemStopTest, SigtermEndsPesWaitingInKernelsPromptlyAndWithTheSignal) {
+  if (IsSkipped()) return;
+  SetTransportFromParam(GetParam());
+  setenv("MORI_TIMEOUT_S", "60", 1);
+  mori_shmem_uniqueid_t uid;
+  ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t pids[2];
+  std::string logs[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    logs[rank] = "/tmp/mori_stop_test_" + std::to_string(getpid()) + "_" + std::to_string(rank) + ".log";
+    pids[rank] = fork();
+    ASSERT_GE(pids[rank], 0);
+    if (pids[rank] == 0) {
+      close(ready[0]);
+      FILE* log = std::fopen(logs[rank].c_str(), "w");
+      if (log == nullptr || dup2(fileno(log), STDERR_FILENO) < 0) _exit(30);
+      _exit(WaitUntilStopped(uid, rank, ready[1]));
+    }
+  }
+  close(ready[1]);
+  int readyCount = 0;
+  const auto readyBy = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (readyCount < 2 && std::chrono::steady_clock::now() < readyBy) {
+    pollfd p{ready[0], POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    char c;
+    if (read(ready[0], &c, 1) != 1) break;  // both children gone before they were ready
+    ++readyCount;
+  }
+  close(ready[0]);
+  EXPECT_EQ(readyCount, 2) << "the PEs did not both reach their kernels";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the waits spin
+  const auto t0 = std::chrono::steady_clock::now();
+  for (pid_t pid : pids) kill(pid, SIGTERM);
+  int status[2] = {0, 0};
+  bool ended[2] = {false, false};
+  double took[2] = {0, 0};
+  while (!(ended[0] && ended[1]) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
+    for (int r = 0; r < 2; ++r) {
+      if (!ended[r] && waitpid(pids[r], &status[r], WNOHANG) == pids[r]) {
+        ended[r] = true;
+        took[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int r = 0; r < 2; ++r) {
+    if (!ended[r]) {
+      kill(pids[r], SIGKILL);
+      waitpid(pids[r], &status[r], 0);
+    }
+    const std::string log = ReadFile(logs[r]);
+    std::remove(logs[r].c_str());
+    EXPECT_TRUE(ended[r]) << "PE " << r << " still ran 30 s after SIGTERM; its log:\n" << log;
+    EXPECT_LT(took[r], 10.0) << "PE " << r << " ended only when its waits timed out; its log:\n" << log;
+    EXPECT_TRUE(WIFSIGNALED(status[r]) && WTERMSIG(status[r]) == SIGTERM)
+        << "PE " << r << " status " << status[r] << " (exited with " << (WIFEXITED(status[r]) ? WEXITSTATUS(status[r]) : -1)
+        << "); its log:\n" << log;
+    EXPECT_NE(log.find("received SIGTERM: device waits stopped, the device was idle after"), std::string::npos)
+        << "PE " << r << "'s log:\n" << log;
+  }
+  unsetenv("MORI_SHMEM_TRANSPORT");
+  unsetenv("MORI_SHMEM_PROXY_CONN");
+  unsetenv("MORI_TIMEOUT_S");
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ShmemStopTest, ::testing::Values("p2p", "rdma", "proxy:tcp", "proxy:rdma"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), ':', '_');
+                           return name;
+                         });
+
+void ApplicationHandler(int) {}
+
+// mori takes SIGTERM and SIGINT only where their action is the default: an application's handler stays, and
+// MORI_STOP_ON_SIGNAL=0 takes neither. Checked in forked children (the handlers are installed once per process).
+int HandlersAfterInit(bool appHandlesSigint, bool off) {
+  if (appHandlesSigint) {
+    struct sigaction app{};
+    app.sa_handler = ApplicationHandler;
+    sigemptyset(&app.sa_mask);
+    if (sigaction(SIGINT, &app, nullptr) != 0) return 10;
+  }
+  if (off) setenv("MORI_STOP_ON_SIGNAL", "0", 1);
+  if (ShmemInit() != 0) return 11;
+  struct sigaction term{}, intr{};
+  sigaction(SIGTERM, nullptr, &term);
+  sigaction(SIGINT, nullptr, &intr);
+  int rc = 0;
+  if (off) {
+    if (term.sa_handler != SIG_DFL || intr.sa_handler != SIG_DFL) rc = 12;
+  } else {
+    if (term.sa_handler == SIG_DFL) rc = 13;  // mori's
+    if (appHandlesSigint && intr.sa_handler != ApplicationHandler) rc = 14;
+    if (!appHandlesSigint && intr.sa_handler == SIG_DFL) rc = 15;
+  }
+  if (ShmemFinalize() != 0 && rc == 0) rc = 16;
+  return rc;
+}
+
+TEST_F(ShmemSingleTest, StopHandlersOnlyWhereTheApplicationHasNone) {
+  struct sigaction term{};
+  sigaction(SIGTERM, nullptr, &term);
+  if (term.sa_handler != SIG_DFL) GTEST_SKIP() << "an earlier test of this process installed them (ctest runs each alone)";
+  const struct {
+    bool appHandlesSigint, off;
+  } cases[] = {{false, false}, {true, false}, {false, true}};
+  for (const auto& c : cases) {
+    pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) _exit(HandlersAfterInit(c.appHandlesSigint, c.off));
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "application handles SIGINT: " << c.appHandlesSigint << ", MORI_STOP_ON_SIGNAL=0: " << c.off
+        << ": status " << status << " (codes in HandlersAfterInit)";
+  }
 }
 
 }  // namespace

@@ -75,6 +75,7 @@ struct FifoDeviceHandle {
   // whose slots fit below it writes at once: reading the host-pinned tail is a round trip over PCIe
   // (about a microsecond), paid only when the ring looks full from here.
   uint64_t* tailSeen;
+  const uint32_t* stop;  // the process's stop word (core/stop.hpp): waits leave the kernel once it is set
 
 #if MORI_DEVICE_API_AVAILABLE
   // How often a wait on the host's tail also reads the host's failure flag.
@@ -159,7 +160,7 @@ struct FifoDeviceHandle {
   // the host's tail: 4,096 producers all reading it over PCIe took the FIFO from 36 to 1.6 million triggers
   // per second (fifo_bench, H100, 2026-11-26), each pop then waiting for a read queued behind thousands.
   MORI_DEVICE_NOINLINE void WaitForRoom(uint64_t first, uint32_t n) const {
-    SpinDeadline deadline(timeoutNs);
+    SpinDeadline deadline(timeoutNs, stop);
     uint32_t polls = 0;
     for (;;) {
       // Acquire: tailSeen was raised (release) by a producer that had read the host's tail with acquire, so
@@ -206,7 +207,7 @@ struct FifoDeviceHandle {
 
   // Waits until the host has popped `slot`: for a flush request, until the flush is done.
   MORI_DEVICE_INLINE void Sync(uint64_t slot) const {
-    SpinDeadline deadline(timeoutNs);
+    SpinDeadline deadline(timeoutNs, stop);
     uint32_t polls = 0;
     while (!Popped(slot)) {
       // The failure flag is host memory too: reading it on every poll would put a second PCIe round trip

@@ -21,6 +21,7 @@ struct SemaphoreDeviceHandle {
   uint64_t timeoutNs;              // bound of Wait (MORI_TIMEOUT_S when built)
   int32_t rank;                    // this side and the peer, for messages
   int32_t remoteRank;
+  const uint32_t* stop;            // the process's stop word (core/stop.hpp): Wait leaves the kernel once set
 
 #if MORI_DEVICE_API_AVAILABLE
   // Consumes one signal if one has arrived.
@@ -35,7 +36,7 @@ struct SemaphoreDeviceHandle {
   MORI_DEVICE_INLINE void Wait() {
     uint64_t expected = AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(expectedInboundToken) + 1;
     AtomicStore<MemoryOrder::Relaxed, Scope::Device>(expectedInboundToken, expected);
-    SpinDeadline deadline(timeoutNs);
+    SpinDeadline deadline(timeoutNs, stop);
     for (;;) {
       uint64_t seen = AtomicLoad<MemoryOrder::Acquire, Scope::System>(inboundToken);
       if (seen >= expected) return;

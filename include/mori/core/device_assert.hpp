@@ -47,29 +47,55 @@ MORI_HOST_DEVICE_INLINE uint64_t DeviceWallClockNs() {
 #endif
 }
 
+// Leaves the kernel without an error because the process is ending (core/stop.hpp): the calling thread
+// exits (CUDA `exit`: a CTA barrier stops waiting for it), its wavefront ends (HIP), or its host thread ends
+// and the launch fails (HOST). In host code of a GPU backend there is no kernel to leave: it returns, and the
+// process ends around the waiting thread.
+MORI_HOST_DEVICE_INLINE void LeaveKernelOnStop() {
+#if MORI_DEVICE_COMPILE && MORI_BACKEND_CUDA
+  asm volatile("exit;");
+#elif MORI_DEVICE_COMPILE
+  __builtin_amdgcn_endpgm();
+#elif MORI_BACKEND_HOST
+  throw host::KernelTrap{"stopped: the process was asked to end", true};
+#endif
+}
+
 // A deadline for a device-side polling loop. The clock is read every kCheckEvery polls only, so a poll
-// stays one load on the fast path.
+// stays one load on the fast path. With the process's stop word (core::DeviceStopWord(), carried by the
+// device state and the queue, FIFO and semaphore handles), the same check also reads the word and leaves
+// the kernel once a stop was requested: a rank asked to end does not spin until MORI_TIMEOUT_S.
 class SpinDeadline {
  public:
   static constexpr uint32_t kCheckEvery = 1024;
 
-  MORI_HOST_DEVICE_INLINE explicit SpinDeadline(uint64_t timeoutNs)
-      : end_(timeoutNs == 0 ? ~0ull : DeviceWallClockNs() + timeoutNs) {}
+  MORI_HOST_DEVICE_INLINE explicit SpinDeadline(uint64_t timeoutNs, const uint32_t* stop = nullptr)
+      : end_(timeoutNs == 0 ? ~0ull : DeviceWallClockNs() + timeoutNs), stop_(stop) {}
 
-  // True once the deadline has passed; call once per poll.
+  // True once the deadline has passed; call once per poll. Does not return once a stop was requested.
   MORI_HOST_DEVICE_INLINE bool Expired() {
 #if !MORI_DEVICE_COMPILE
     // Host threads yield on every poll, so each poll is already slow: check the clock every time.
     ++polls_;
-    return DeviceWallClockNs() > end_;
 #else
     if (++polls_ % kCheckEvery != 0) return false;
-    return DeviceWallClockNs() > end_;
 #endif
+    if (stop_ != nullptr && StopSet()) LeaveKernelOnStop();
+    return DeviceWallClockNs() > end_;
   }
 
  private:
+  // The word lives in pinned host memory on GPUs (a volatile load goes there); host threads load it atomically.
+  MORI_HOST_DEVICE_INLINE bool StopSet() const {
+#if MORI_DEVICE_COMPILE
+    return *static_cast<const volatile uint32_t*>(stop_) != 0;
+#else
+    return __atomic_load_n(stop_, __ATOMIC_RELAXED) != 0;
+#endif
+  }
+
   uint64_t end_;
+  const uint32_t* stop_;
   uint32_t polls_ = 0;
 };
 

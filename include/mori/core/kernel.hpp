@@ -58,6 +58,7 @@ void Launch(Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream, std::fu
 // Thrown by DeviceTrap() on HOST; the launcher catches it and fails the launch.
 struct KernelTrap {
   const char* reason;
+  bool stop = false;  // a thread leaving because the process is ending (core/stop.hpp), not a failure
 };
 
 }  // namespace host

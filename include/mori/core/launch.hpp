@@ -27,8 +27,8 @@ const char* LauncherName(Launcher launcher);
 LaunchEnvironment DetectLaunchEnvironment();
 
 // Ties this process's life to its launcher's (MORI_EXIT_WITH_LAUNCHER): when the process that started it
-// (mpirun, torchrun's agent) is gone, this one is killed within about 100 ms, with a log line naming the
-// launcher's pid. A watcher thread compares the parent's pid every 100 ms: unlike PR_SET_PDEATHSIG it does not
+// (mpirun, torchrun's agent) is gone, this one stops its device waits and kills itself (SIGKILL) within about
+// 100 ms plus the time its kernels take to leave (core/stop.hpp), with a log line naming the launcher's pid. A watcher thread compares the parent's pid every 100 ms: unlike PR_SET_PDEATHSIG it does not
 // fire when the launcher's forking thread ends while the launcher lives. Idempotent; SHMEM's init and
 // CreateBootstrapFromEnvironment call it.
 void ExitWithLauncher(Launcher launcher);

@@ -224,7 +224,7 @@ MORI_HOST_DEVICE_INLINE uint32_t ReserveSendSlots(WorkQueueHandle& wq, Completio
   using core::MemoryOrder;
   using core::Scope;
   uint32_t slot = core::AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(&wq.postIdx, n);
-  core::SpinDeadline deadline(timeoutNs);
+  core::SpinDeadline deadline(timeoutNs, wq.stop);
   while (slot + n - core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.doneIdx) > wq.sqWqeNum) {
     RetireCompletions<P>(cq, wq);
     MORI_DEVICE_ASSERT(!deadline.Expired(),
@@ -244,7 +244,7 @@ MORI_HOST_DEVICE_INLINE void RingDoorbellOrdered(WorkQueueHandle& wq, uint32_t s
                                                  uint64_t timeoutNs) {
   using core::MemoryOrder;
   using core::Scope;
-  core::SpinDeadline deadline(timeoutNs);
+  core::SpinDeadline deadline(timeoutNs, wq.stop);
   while (core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.dbTouchIdx) != slot) {
     MORI_DEVICE_ASSERT(!deadline.Expired(), "qp %u: slot %u waited %llu ns for earlier slots' doorbells (at %u)",
                        wq.qpn, slot, static_cast<unsigned long long>(timeoutNs),
@@ -356,7 +356,7 @@ MORI_HOST_DEVICE_INLINE uint32_t QuietQueue(WorkQueueHandle& wq, CompletionQueue
   uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
   uint64_t dbr = PostNop<P>(wq, slot, true, wq.qpn);
   RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
-  core::SpinDeadline deadline(timeoutNs);
+  core::SpinDeadline deadline(timeoutNs, wq.stop);
   while (static_cast<int32_t>(core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.doneIdx) - (slot + 1)) < 0) {
     RetireCompletions<P>(cq, wq);
     MORI_DEVICE_ASSERT(!deadline.Expired(), "qp %u: quiet waited %llu ns for slot %u (%u completed)", wq.qpn,

@@ -58,6 +58,7 @@ struct WorkQueueHandle {
   void* rqDbrRecAddr;  // the receive-queue doorbell record
   uint32_t qpn;
   uint32_t maxInlineData;
+  const uint32_t* stop;  // the process's stop word (core/stop.hpp): waits on this queue leave the kernel once set
 };
 static_assert(std::is_trivially_copyable_v<WorkQueueHandle>, "WorkQueueHandle is plain data");
 

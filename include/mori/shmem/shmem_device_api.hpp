@@ -340,7 +340,7 @@ template <typename T>
 MORI_DEVICE_INLINE T ShmemWaitUntil(T* ivar, CmpOp cmp, T val) {
   static_assert(std::is_integral_v<T> && (sizeof(T) == 4 || sizeof(T) == 8), "wait takes a 4- or 8-byte integer");
   const ShmemDeviceState& s = detail::Checked("ShmemWaitUntil");
-  core::SpinDeadline deadline(s.timeoutNs);
+  core::SpinDeadline deadline(s.timeoutNs, s.stopWord);
   for (;;) {
     T seen = core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(ivar);
     if (detail::Compare(seen, cmp, val)) return seen;
@@ -492,7 +492,7 @@ MORI_DEVICE_NOINLINE void ShmemBarrierAllThread() {
   }
   auto* arrivals = reinterpret_cast<uint64_t*>(s.heapBase + kShmemBarrierCounterOffset);
   uint64_t expected = generation * static_cast<uint64_t>(s.nPes);
-  core::SpinDeadline deadline(s.timeoutNs);
+  core::SpinDeadline deadline(s.timeoutNs, s.stopWord);
   for (;;) {
     uint64_t seen = core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(arrivals);
     if (seen >= expected) break;
@@ -534,7 +534,7 @@ MORI_DEVICE_NOINLINE void ShmemTeamSyncThread(ShmemTeam team) {
   for (int i = 0; i < t->size; ++i) detail::SignalAt(s, detail::TeamWorldPe(*t, i), offset, 1, SignalOp::Add);
   auto* arrivals = reinterpret_cast<uint64_t*>(s.heapBase + offset);
   const uint64_t expected = generation * static_cast<uint64_t>(t->size);
-  core::SpinDeadline deadline(s.timeoutNs);
+  core::SpinDeadline deadline(s.timeoutNs, s.stopWord);
   for (;;) {
     uint64_t seen = core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(arrivals);
     if (seen >= expected) break;

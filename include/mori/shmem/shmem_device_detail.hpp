@@ -211,7 +211,7 @@ MORI_DEVICE_INLINE void CheckCompletions(const ShmemDeviceState& s, ShmemQueuePa
 
 // Waits until the WQE in `slot` (posted signaled) has completed.
 MORI_DEVICE_INLINE void WaitSlot(const ShmemDeviceState& s, ShmemQueuePair& qp, int pe, uint32_t slot) {
-  core::SpinDeadline deadline(s.timeoutNs);
+  core::SpinDeadline deadline(s.timeoutNs, s.stopWord);
   while (static_cast<int32_t>(core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&qp.wq.doneIdx) - (slot + 1)) <
          0) {
     rdma::RetireCompletions<kProvider>(qp.cq, qp.wq);
@@ -333,7 +333,7 @@ struct FetchSlot {
 MORI_DEVICE_INLINE FetchSlot AcquireFetchSlot(const ShmemDeviceState& s) {
   uint32_t ticket = core::AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(s.fetchTicket, 1u);
   uint32_t idx = ticket % kShmemFetchSlots;
-  core::SpinDeadline deadline(s.timeoutNs);
+  core::SpinDeadline deadline(s.timeoutNs, s.stopWord);
   while (core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&s.fetchTurn[idx]) != ticket / kShmemFetchSlots) {
     MORI_DEVICE_ASSERT(!deadline.Expired(), "mori shmem: PE %d: fetch slot %u stayed busy for %llu ns", s.rank, idx,
                        static_cast<unsigned long long>(s.timeoutNs));
@@ -395,7 +395,7 @@ MORI_DEVICE_INLINE T NicReadModifyWrite(const ShmemDeviceState& s, int pe, uint6
   unsigned shift = static_cast<unsigned>(offset - wordOffset) * 8;  // little-endian: the value's bit position
   uint64_t mask = sizeof(T) == 8 ? ~0ull : ((1ull << (8 * sizeof(T))) - 1) << shift;
   uint64_t word = NicAtomic64(s, pe, wordOffset, rdma::AtomicOp::FetchAdd, 0, 0, true);
-  core::SpinDeadline deadline(s.timeoutNs);
+  core::SpinDeadline deadline(s.timeoutNs, s.stopWord);
   constexpr uint64_t kMaxBackoffNs = 256000;
   uint64_t backoffNs = 1000;
   for (;;) {

@@ -91,6 +91,8 @@ struct ShmemDeviceState {
   // Teams (ShmemTeam is the slot number), in device memory; their contents change at splits and destroys.
   const ShmemTeamState* teams;  // [kShmemMaxTeams]
   uint64_t* teamSyncSeq;        // [kShmemMaxTeams] device team syncs entered by this PE, per slot
+  // The process's stop word (core/stop.hpp): every wait leaves the kernel once it is set. nullptr: no stop.
+  const uint32_t* stopWord;
 };
 static_assert(std::is_trivially_copyable_v<ShmemDeviceState>, "ShmemDeviceState is copied as bytes");
 

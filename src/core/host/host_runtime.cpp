@@ -246,6 +246,7 @@ void Launch(Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream, std::fu
     std::vector<std::vector<uint64_t>> shared(blocks);
     std::vector<std::thread> threads;
     bool aborted = false;  // read and written with __atomic builtins
+    bool stopped = false;  // a thread left on a stop (the process is ending): one quiet line, not one per thread
     auto abortLaunch = [&] {
       __atomic_store_n(&aborted, true, __ATOMIC_RELEASE);
       for (auto& barrier : barriers) barrier->Break();
@@ -267,7 +268,7 @@ void Launch(Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream, std::fu
           ctx.barrier = barriers[b].get();
           ctx.sharedMemory = shared[b].empty() ? nullptr : shared[b].data();
           ctx.aborted = &aborted;
-          threads.emplace_back([ctx, &body, &abortLaunch] {
+          threads.emplace_back([ctx, &body, &abortLaunch, &stopped] {
             CurrentThread() = ctx;
             const char* what = nullptr;
             std::string detail;
@@ -275,6 +276,7 @@ void Launch(Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream, std::fu
               body();
             } catch (const KernelTrap& trap) {
               what = trap.reason;
+              if (trap.stop) __atomic_store_n(&stopped, true, __ATOMIC_RELEASE);
             } catch (const std::exception& e) {
               what = "exception:";
               detail = e.what();
@@ -282,8 +284,10 @@ void Launch(Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream, std::fu
               what = "unknown exception";
             }
             if (what != nullptr) {
-              MORI_LOG_ERROR(Gpu, "HOST kernel thread (block %u, thread %u) ended: %s %s", ctx.blockIdx.x,
-                             ctx.threadIdx.x, what, detail.c_str());
+              if (!__atomic_load_n(&stopped, __ATOMIC_ACQUIRE)) {
+                MORI_LOG_ERROR(Gpu, "HOST kernel thread (block %u, thread %u) ended: %s %s", ctx.blockIdx.x,
+                               ctx.threadIdx.x, what, detail.c_str());
+              }
               abortLaunch();
             }
             CurrentThread() = ThreadContext();
@@ -295,6 +299,9 @@ void Launch(Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream, std::fu
       abortLaunch();  // threads already started leave their barriers and polling loops
     }
     for (auto& th : threads) th.join();
+    if (__atomic_load_n(&stopped, __ATOMIC_ACQUIRE)) {
+      MORI_LOG_WARN(Gpu, "HOST kernel stopped: the process was asked to end (its launch reports a failure)");
+    }
     return __atomic_load_n(&aborted, __ATOMIC_ACQUIRE) ? kGpuErrorLaunchFailure : kGpuSuccess;
   });
 }

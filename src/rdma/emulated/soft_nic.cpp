@@ -12,6 +12,7 @@
 #include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/logging.hpp"
+#include "mori/core/stop.hpp"
 #include "mori/rdma/device_primitives.hpp"
 #include "mori/rdma/mlx5/mlx5_prm.hpp"
 
@@ -273,6 +274,7 @@ RdmaEndpoint SoftNic::CreateRdmaEndpoint(const RdmaEndpointConfig& config) {
   ep.wqHandle.rqDbrRecAddr = &qp->dbrec[kReceiveDbrIndex];
   ep.wqHandle.qpn = qp->qpn;
   ep.wqHandle.maxInlineData = qp->maxInline;
+  ep.wqHandle.stop = core::DeviceStopWord();
   ep.cqHandle.cqAddr = qp->cq;
   ep.cqHandle.cqeNum = qp->cqDepth;
   ep.cqHandle.cqeSize = kCqeBytes;

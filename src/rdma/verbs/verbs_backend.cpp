@@ -19,6 +19,7 @@
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/logging.hpp"
+#include "mori/core/stop.hpp"
 #include "mori/core/unique_fd.hpp"
 #include "mori/rdma/mlx5/mlx5_prm.hpp"
 #include "verbs_api.hpp"
@@ -181,6 +182,7 @@ class VerbsContext : public RdmaDeviceContext {
     }
     out.wqHandle.qpn = ep.qp->qp_num;
     out.wqHandle.maxInlineData = init.cap.max_inline_data;
+    out.wqHandle.stop = core::DeviceStopWord();
     if (direct_) {
       // mori's inline WQEs are one basic block: the device primitives write at most this much inline.
       out.wqHandle.maxInlineData = std::min<uint32_t>(init.cap.max_inline_data, mlx5::kMaxInlineInOneBlock);
