@@ -11,9 +11,9 @@
 #include "mori/core/errors.hpp"
 #include "mori/core/launch.hpp"
 #include "mori/core/logging.hpp"
+#include "mori/core/stop.hpp"
 #if MORI_HAS_MPI
 #include "mori/core/mpi_bootstrap.hpp"
-#include "mori/core/stop.hpp"
 #endif
 
 namespace mori::core {

@@ -1,6 +1,7 @@
 #include "mori/core/stop.hpp"
 
 #include <errno.h>
+#include <time.h>
 #include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -35,9 +37,14 @@ const uint32_t* deviceWord = nullptr;
 std::once_flag wordOnce;
 int device = -1;  // the GPU of the thread that made the word (ShmemInit's), which the drain waits for
 
-#if MORI_BACKEND_HOST
-uint32_t hostBackendWord = 0;
-#endif
+// The word lives in a page of the program's own data, registered with the GPU (not allocated by it): it stays
+// mapped while the process lives, so a signal that arrives while the GPU runtime tears down at exit stores into
+// memory that is still there.
+alignas(4096) uint32_t wordPage[4096 / sizeof(uint32_t)];
+std::atomic<bool> wordMade{false};
+int64_t drainMs = 2000;  // MORI_STOP_DRAIN_MS, read when the handlers are installed
+std::terminate_handler previousTerminate = nullptr;
+std::atomic<int64_t> firstSignalNs{0};  // CLOCK_MONOTONIC of the first signal (a repeat within 500 ms waits)
 
 // The handler's hand-off to the watcher thread: the signal number, one byte.
 int wakeRead = -1;
@@ -49,22 +56,23 @@ std::vector<int> handledSignals;
 
 void MakeWord() {
   if (GpuGetDevice(&device) != kGpuSuccess) device = -1;
+  wordPage[0] = 0;
 #if MORI_BACKEND_HOST
-  hostWord = &hostBackendWord;
-  deviceWord = &hostBackendWord;
+  hostWord = wordPage;
+  deviceWord = wordPage;
 #else
-  void* host = nullptr;
   void* dev = nullptr;
-  if (GpuHostAllocMapped(&host, 64) != kGpuSuccess || GpuHostGetDevicePointer(&dev, host) != kGpuSuccess) {
+  if (GpuHostRegisterMapped(wordPage, sizeof(wordPage)) != kGpuSuccess ||
+      GpuHostGetDevicePointer(&dev, wordPage) != kGpuSuccess) {
     (void)GpuGetLastError();
-    MORI_LOG_WARN(Core, "no stop word (pinned host memory unavailable): SIGTERM and SIGINT end this process "
-                        "without stopping its kernels first");
+    MORI_LOG_WARN(Core, "no stop word (its page could not be registered with the GPU): SIGTERM and SIGINT end "
+                        "this process without stopping its kernels first");
     return;
   }
-  hostWord = static_cast<uint32_t*>(host);
-  *hostWord = 0;
+  hostWord = wordPage;
   deviceWord = static_cast<const uint32_t*>(dev);
 #endif
+  wordMade.store(true, std::memory_order_release);
 }
 
 void SetWord(uint32_t value) {
@@ -86,7 +94,7 @@ bool DrainDevice(double* waitedMs) {
   bool idle = true;
   try {
     if (device >= 0) (void)GpuSetDevice(device);
-    (void)DeviceSynchronizeBy(Deadline::After(EnvGetInt("MORI_STOP_DRAIN_MS") / 1000.0), "a process asked to end");
+    (void)DeviceSynchronizeBy(Deadline::After(static_cast<double>(drainMs) / 1000.0), "a process asked to end");
   } catch (const Error&) {
     idle = false;
   }
@@ -115,10 +123,17 @@ bool DrainDevice(double* waitedMs) {
 void OnStopSignal(int sig) {
   const int saved = errno;
   SetWord(1);
-  if (requested.exchange(true) || wakeWrite < 0) {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const int64_t nowNs = int64_t{now.tv_sec} * 1000000000 + now.tv_nsec;
+  int64_t first = 0;
+  const bool repeat = !firstSignalNs.compare_exchange_strong(first, nowNs);
+  // A repeat ends the process at once (a second Ctrl-C), unless it comes within 500 ms of the first: a terminal's
+  // SIGINT and mpirun's forwarded SIGTERM reach a rank together, and must not cut its drain short.
+  if (wakeWrite < 0 || (repeat && nowNs - first > 500000000)) {
     signal(sig, SIG_DFL);
     raise(sig);
-  } else {
+  } else if (!requested.exchange(true)) {
     const char c = static_cast<char>(sig);
     ssize_t w;
     do {
@@ -139,11 +154,8 @@ void ForgetInChild() {
   wakeRead = wakeWrite = -1;
   installTried = false;
   requested.store(false);
-#if MORI_BACKEND_HOST
-  SetWord(0);
-#else
-  hostWord = nullptr;  // pinned memory is not mapped in a forked child (nor can it use the GPU)
-#endif
+  firstSignalNs.store(0);
+  SetWord(0);  // the word's page is the program's own data: the child has its copy
 }
 
 // Registered with atexit: a thread that returns from main or calls exit() while a stop is under way (its
@@ -151,9 +163,16 @@ void ForgetInChild() {
 // ending it first with an exit code that hides the signal. Bounded: the drain's bound and two seconds more.
 void HoldExitWhileStopping() {
   if (!requested.load(std::memory_order_acquire)) return;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(EnvGetInt("MORI_STOP_DRAIN_MS")) +
-                   std::chrono::seconds(2);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(drainMs) + std::chrono::seconds(2);
   while (std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
+// The same for an exception that nobody catches (on HOST a stopped launch fails, and a program that throws on
+// a failed launch would otherwise abort): hold, then what was installed before.
+[[noreturn]] void HoldTerminateWhileStopping() {
+  HoldExitWhileStopping();
+  if (previousTerminate != nullptr) previousTerminate();
+  std::abort();
 }
 
 void Watch() {
@@ -162,7 +181,12 @@ void Watch() {
   do {
     r = read(wakeRead, &c, 1);
   } while (r < 0 && errno == EINTR);
-  const int sig = r == 1 ? static_cast<int>(c) : SIGTERM;
+  if (r != 1) {
+    MORI_LOG_WARN(Core, "the stop watcher's pipe failed (%s): SIGTERM and SIGINT no longer stop device waits first",
+                  r == 0 ? "closed" : strerror(errno));
+    return;
+  }
+  const int sig = static_cast<int>(c);
   StopWaitsAndEnd(sig, (std::string("received ") + SignalName(sig)).c_str());
 }
 
@@ -180,6 +204,9 @@ bool InstallStopOnSignals() {
   if (installTried) return !handledSignals.empty();
   installTried = true;
   if (!EnvGetBool("MORI_STOP_ON_SIGNAL")) return false;
+  drainMs = EnvGetInt("MORI_STOP_DRAIN_MS");
+  MORI_CHECK(drainMs >= 0, ErrorCode::InvalidUsage, "MORI_STOP_DRAIN_MS=%lld must not be negative",
+             static_cast<long long>(drainMs));
   DeviceStopWord();
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
@@ -193,6 +220,7 @@ bool InstallStopOnSignals() {
   std::call_once(once, [] {
     pthread_atfork(nullptr, nullptr, ForgetInChild);
     std::atexit(HoldExitWhileStopping);
+    previousTerminate = std::set_terminate(HoldTerminateWhileStopping);
   });
   std::string names;
   for (int sig : kStopSignals) {
@@ -219,7 +247,13 @@ bool InstallStopOnSignals() {
 
 void StopWaitsAndEnd(int sig, const char* why) {
   requested.store(true, std::memory_order_release);
-  DeviceStopWord();
+  if (!wordMade.load(std::memory_order_acquire)) {
+    // No kernel of mori's can be waiting (the runtime never made the word): making one now would create a
+    // GPU context on a dying process.
+    MORI_LOG_WARN(Core, "%s: no device waits to stop; ending with %s", why, SignalName(sig));
+    std::fflush(stderr);
+    EndWith(sig);
+  }
   SetWord(1);
   double waitedMs = 0;
   const bool idle = DrainDevice(&waitedMs);

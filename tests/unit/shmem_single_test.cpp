@@ -784,8 +784,15 @@ TEST_F(ShmemSingleTest, TheStopWordEndsEveryKindOfDeviceWait) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   core::detail::SetStopWordForTesting(true);
   const auto t0 = std::chrono::steady_clock::now();
-  // HOST fails a launch whose threads were stopped; a GPU kernel just ends. Either way it ends, well within 10 s.
-  EXPECT_NO_THROW((void)core::DeviceSynchronizeBy(core::Deadline::After(10), "the stopped kernel"));
+  // HOST fails a launch whose threads were stopped; a GPU kernel just ends, without an error. Either way it ends,
+  // well within 10 s.
+  core::GpuStatus status = core::kGpuSuccess;
+  EXPECT_NO_THROW(status = core::DeviceSynchronizeBy(core::Deadline::After(10), "the stopped kernel"));
+#if MORI_BACKEND_HOST
+  EXPECT_NE(status, core::kGpuSuccess) << "HOST reports a stopped launch as failed";
+#else
+  EXPECT_EQ(status, core::kGpuSuccess) << "a stopped kernel must not fail its context";
+#endif
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(took, 10.0);
   core::detail::SetStopWordForTesting(false);
@@ -838,6 +845,7 @@ TEST_P(ShmemStopTest, SigtermEndsPesWaitingInKernelsPromptlyAndWithTheSignal) {
   if (IsSkipped()) return;
   SetTransportFromParam(GetParam());
   setenv("MORI_TIMEOUT_S", "60", 1);
+  setenv("MORI_STOP_DRAIN_MS", "5000", 1);  // a loaded machine may take a while to let the kernels go
   mori_shmem_uniqueid_t uid;
   ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
   int ready[2];
@@ -900,6 +908,7 @@ TEST_P(ShmemStopTest, SigtermEndsPesWaitingInKernelsPromptlyAndWithTheSignal) {
   unsetenv("MORI_SHMEM_TRANSPORT");
   unsetenv("MORI_SHMEM_PROXY_CONN");
   unsetenv("MORI_TIMEOUT_S");
+  unsetenv("MORI_STOP_DRAIN_MS");
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ShmemStopTest, ::testing::Values("p2p", "rdma", "proxy:tcp", "proxy:rdma"),

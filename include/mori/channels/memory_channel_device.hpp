@@ -98,9 +98,9 @@ struct MemoryChannelDeviceHandle {
     uint8_t* out = static_cast<uint8_t*>(src) + dstOffset;
     for (uint64_t i = threadId; i < n; i += numThreads) {
       if constexpr (P::kDataBytes == 8) {
-        *reinterpret_cast<uint64_t*>(out + i * 8) = in[i].Read(flag, semaphore.timeoutNs);
+        *reinterpret_cast<uint64_t*>(out + i * 8) = in[i].Read(flag, semaphore.timeoutNs, semaphore.stop);
       } else {
-        *reinterpret_cast<uint32_t*>(out + i * 4) = in[i].Read(flag, semaphore.timeoutNs);
+        *reinterpret_cast<uint32_t*>(out + i * 4) = in[i].Read(flag, semaphore.timeoutNs, semaphore.stop);
       }
     }
   }

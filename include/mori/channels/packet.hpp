@@ -60,10 +60,11 @@ struct alignas(16) LL16Packet {
     return true;
   }
 
-  // Waits (bounded; traps naming the packet and the flag) for the packet of round `flag`.
-  MORI_DEVICE_INLINE uint64_t Read(uint32_t flag, uint64_t timeoutNs) const {
+  // Waits (bounded; traps naming the packet and the flag) for the packet of round `flag`; leaves the kernel once
+  // `stop` (the process's stop word, core/stop.hpp) is set.
+  MORI_DEVICE_INLINE uint64_t Read(uint32_t flag, uint64_t timeoutNs, const uint32_t* stop = nullptr) const {
     uint64_t data = 0;
-    SpinDeadline deadline(timeoutNs);
+    SpinDeadline deadline(timeoutNs, stop);
     while (!ReadOnce(flag, &data)) {
       MORI_DEVICE_ASSERT(!deadline.Expired(), "mori LL16 packet at %p: flag %u did not arrive within %llu ns (seen %u/%u)",
                          static_cast<const void*>(this), flag, static_cast<unsigned long long>(timeoutNs),
@@ -93,9 +94,9 @@ struct alignas(8) LL8Packet {
     *out = static_cast<uint32_t>(w);
     return true;
   }
-  MORI_DEVICE_INLINE uint32_t Read(uint32_t f, uint64_t timeoutNs) const {
+  MORI_DEVICE_INLINE uint32_t Read(uint32_t f, uint64_t timeoutNs, const uint32_t* stop = nullptr) const {
     uint32_t d = 0;
-    SpinDeadline deadline(timeoutNs);
+    SpinDeadline deadline(timeoutNs, stop);
     while (!ReadOnce(f, &d)) {
       MORI_DEVICE_ASSERT(!deadline.Expired(), "mori LL8 packet at %p: flag %u did not arrive within %llu ns",
                          static_cast<const void*>(this), f, static_cast<unsigned long long>(timeoutNs));

@@ -5,18 +5,21 @@
 // signal, a barrier, a completion). Killed there, it leaves a running kernel for the driver to tear down, and
 // under CUDA MPS for the MPS server, which refuses new clients meanwhile: the next job on that GPU failed.
 // So a mori process, on such a request:
-//   1. sets its stop word, which every bounded device wait of mori (SHMEM waits, barriers, quiet, atomics;
-//      RDMA queue and FIFO waits; semaphores) reads together with its clock. A waiting thread then leaves its
-//      kernel without an error (CUDA `exit`, HIP `s_endpgm`; on HOST its thread ends and the launch fails);
+//   1. sets its stop word, which mori's bounded device waits (SHMEM waits, barriers, quiet, fetches, atomics;
+//      RDMA queue and FIFO waits; semaphores; LL packet reads) read together with their clock. A waiting thread
+//      then leaves its kernel without an error (CUDA `exit`, HIP `s_endpgm`; on HOST its thread ends and the
+//      launch fails). On CUDA the thread leaves alone: lanes of its warp that wait for it at a warp-level sync
+//      are left undefined (docs/GUIDE.md);
 //   2. waits, bounded by MORI_STOP_DRAIN_MS, until the device is idle (a kernel that waits in a loop of its
 //      own does not see the word: the bound ends the wait for it);
 //   3. ends the process with the request's signal and its default action, so the exit status still says what
 //      ended it.
-// A thread that returns from main or calls exit() meanwhile (its kernel ended early, so it went on) waits in an
-// atexit handler for step 3, so that the exit status is the signal's, not the program's error code.
+// A thread that returns from main, calls exit() or throws an exception nobody catches meanwhile (its kernel
+// ended early, so it went on) waits in an atexit or terminate handler for step 3, so that the exit status is the
+// signal's, not the program's own.
 // The handlers are installed by ShmemInit (InstallStopOnSignals), only for a signal whose action is still
-// the default: an application's own handler (Python's SIGINT, say) is kept. A second signal while the first
-// one is being handled ends the process at once. MORI_STOP_ON_SIGNAL=0 installs nothing.
+// the default: an application's own handler (Python's SIGINT, say) is kept. A repeated signal more than 500 ms
+// after the first ends the process at once. MORI_STOP_ON_SIGNAL=0 installs nothing.
 #pragma once
 
 #include <cstdint>
