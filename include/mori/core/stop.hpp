@@ -7,9 +7,9 @@
 // So a mori process, on such a request:
 //   1. sets its stop word, which mori's bounded device waits (SHMEM waits, barriers, quiet, fetches, atomics;
 //      RDMA queue and FIFO waits; semaphores; LL packet reads) read together with their clock. A waiting thread
-//      then leaves its kernel without an error (CUDA `exit`, HIP `s_endpgm`; on HOST its thread ends and the
-//      launch fails). On CUDA the thread leaves alone: lanes of its warp that wait for it at a warp-level sync
-//      are left undefined (docs/GUIDE.md);
+//      then leaves its kernel without an error (CUDA `exit`; on HOST its thread ends and the launch fails; on
+//      HIP not yet: the wait goes on until step 2's bound). On CUDA the thread leaves alone: lanes of its warp
+//      that wait for it at a warp-level sync are left undefined (docs/GUIDE.md);
 //   2. waits, bounded by MORI_STOP_DRAIN_MS, until the device is idle (a kernel that waits in a loop of its
 //      own does not see the word: the bound ends the wait for it);
 //   3. ends the process with the request's signal and its default action, so the exit status still says what
