@@ -453,6 +453,13 @@ void SetTransportFromParam(const std::string& param) {
   }
 }
 
+// A transport parameter as a test name: "proxy:tcp" -> "proxy_tcp".
+std::string TransportParamName(const ::testing::TestParamInfo<const char*>& info) {
+  std::string name = info.param;
+  std::replace(name.begin(), name.end(), ':', '_');
+  return name;
+}
+
 TEST_P(ShmemPairTest, EveryFamilyBetweenTwoForkedPes) {
   if (IsSkipped()) return;
   SetTransportFromParam(GetParam());
@@ -463,11 +470,7 @@ TEST_P(ShmemPairTest, EveryFamilyBetweenTwoForkedPes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ShmemPairTest, ::testing::Values("p2p", "rdma", "proxy:tcp", "proxy:rdma"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), ':', '_');
-                           return name;
-                         });
+                         TransportParamName);
 
 // A kernel that puts and ends without quieting: the host's ShmemBarrierAll completes the puts, as NVSHMEM's
 // does, so the peer reads them right after its own barrier. Every WQE of the emulated NIC waits 300 ms here, so
@@ -510,11 +513,7 @@ TEST_P(ShmemUnquietedTest, TheHostBarrierCompletesPutsAKernelLeftUnquieted) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ShmemUnquietedTest, ::testing::Values("rdma", "proxy:rdma"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), ':', '_');
-                           return name;
-                         });
+                         TransportParamName);
 
 // Bad input over the Proxy transport: a PE out of range, a target outside the heap and a source the proxy
 // cannot reach trap with a message naming PE, peer and address; the runtime still finalises afterwards.
@@ -912,11 +911,7 @@ TEST_P(ShmemStopTest, SigtermEndsPesWaitingInKernelsPromptlyAndWithTheSignal) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, ShmemStopTest, ::testing::Values("p2p", "rdma", "proxy:tcp", "proxy:rdma"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           std::string name = info.param;
-                           std::replace(name.begin(), name.end(), ':', '_');
-                           return name;
-                         });
+                         TransportParamName);
 
 void ApplicationHandler(int) {}
 
