@@ -1,6 +1,7 @@
 // Writes the fuzz targets' seed corpora (fuzz/corpus/<target>/) from messages that mori's own encoders produce:
 // unique ids from UniqueIdFromAddress, RegisteredMemory bytes from SerializeRegisteredMemory, TCP handles from
-// EncodeHandle and frames from MakeFrame, emulated NIC headers from MakePacketHeader.
+// EncodeHandle and frames from MakeFrame, emulated NIC headers from MakePacketHeader, SHMEM proxy requests from
+// EncodeProxyHeader and ProxyPayload.
 // Usage: fuzz_seed_corpus DIR (scripts/fuzz.sh does not run it; the corpora are kept in the tree).
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bootstrap_wire.hpp"
@@ -17,6 +19,7 @@
 #include "mori/core/bootstrap.hpp"
 #include "mori/core/host_topology.hpp"
 #include "mori/core/ipc.hpp"
+#include "mori/shmem/shmem_proxy_request.hpp"
 #include "registered_memory_impl.hpp"
 #include "tcp/tcp_wire.hpp"
 
@@ -216,6 +219,52 @@ void FdChannelSeeds(const std::string& dir) {
 
 }  // namespace
 
+// fuzz_shmem_proxy: one file per request kind (each as the device API encodes it, then a quiet of every PE), and
+// one with all of them in a row. Local addresses use the harness's tags: 01 = the heap's base, 10 = the region's.
+void ShmemProxySeeds(const std::string& dir) {
+  namespace sh = mori::shmem;
+  const uint64_t heap = uint64_t{1} << 62, region = uint64_t{2} << 62;
+  auto header = [](sh::ProxyOp op, uint32_t slots, uint32_t sub, uint32_t width, uint32_t pe, uint64_t bytes) {
+    return sh::EncodeProxyHeader(sh::ProxyHeader{op, slots, sub, width, pe, bytes});
+  };
+  using Req = std::vector<mori::core::ProxyTrigger>;
+  const std::vector<std::pair<std::string, Req>> kinds = {
+      {"put", {header(sh::ProxyOp::Put, 2, 0, 0, 1, 256), sh::ProxyPayload(heap + 64, 1024)}},
+      {"put_flush_from_region", {header(sh::ProxyOp::Put, 2, sh::kProxyFlagFlush, 0, 2, 100),
+                                 sh::ProxyPayload(region + 8, 3900)}},
+      {"get_into_region", {header(sh::ProxyOp::Get, 2, 0, 0, 2, 512), sh::ProxyPayload(region, 0)}},
+      {"put_inline", {header(sh::ProxyOp::PutInline, 3, 0, 0, 1, 12), sh::ProxyPayload(0x0102030405060708ull, 40),
+                      sh::ProxyPayload(0x11121314ull, 0)}},
+      {"get_inline", {header(sh::ProxyOp::GetInline, 3, 0, 0, 1, 8), sh::ProxyPayload(0, 16),
+                      sh::ProxyPayload(0, 7)}},
+      {"signal_set", {header(sh::ProxyOp::Signal, 2, 0, 0, 1, 0), sh::ProxyPayload(42, 4088)}},
+      {"signal_add", {header(sh::ProxyOp::Signal, 2, 1, 0, 0, 0), sh::ProxyPayload(3, 8)}},
+      {"put_signal", {header(sh::ProxyOp::PutSignal, 3, 0, 0, 1, 64), sh::ProxyPayload(heap + 128, 256),
+                      sh::ProxyPayload(7, 2048)}},
+      {"quiet_one", {header(sh::ProxyOp::Quiet, 1, 0, 0, 2, 0)}},
+      {"fence", {header(sh::ProxyOp::Fence, 1, 0, 0, 0, 0)}},
+  };
+  Bytes all;
+  for (const auto& [name, req] : kinds) {
+    Bytes b;
+    for (const auto& t : req) Append(b, t);
+    Append(b, header(sh::ProxyOp::Quiet, 1, 0, 0, sh::kProxyAllPes, 0));
+    Write(dir, "fuzz_shmem_proxy", name, b);
+    all.insert(all.end(), b.begin(), b.end());
+  }
+  for (uint32_t amo = 0; amo <= static_cast<uint32_t>(sh::ProxyAmo::Set); ++amo) {
+    for (uint32_t width : {4u, 8u}) {
+      Bytes b;
+      Append(b, header(sh::ProxyOp::Atomic, 3, amo, width, 1, 0));
+      Append(b, sh::ProxyPayload(5, width == 4 ? 12 : 16));
+      Append(b, sh::ProxyPayload(0, amo == 1 ? sh::kProxyNoResult : 3));
+      Write(dir, "fuzz_shmem_proxy", "atomic" + std::to_string(amo) + "_w" + std::to_string(width), b);
+      all.insert(all.end(), b.begin(), b.end());
+    }
+  }
+  Write(dir, "fuzz_shmem_proxy", "all_kinds", all);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s CORPUS_DIR (with a directory per target)\n", argv[0]);
@@ -226,5 +275,6 @@ int main(int argc, char** argv) {
   TcpSeeds(argv[1]);
   EmulatedSeeds(argv[1]);
   FdChannelSeeds(argv[1]);
+  ShmemProxySeeds(argv[1]);
   return 0;
 }
