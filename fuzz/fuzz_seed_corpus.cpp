@@ -18,6 +18,7 @@
 #include "fuzz_util.hpp"
 #include "mori/core/bootstrap.hpp"
 #include "mori/core/host_topology.hpp"
+#include "mori/channels/proxy_trigger.hpp"
 #include "mori/core/ipc.hpp"
 #include "mori/shmem/shmem_proxy_request.hpp"
 #include "registered_memory_impl.hpp"
@@ -265,6 +266,36 @@ void ShmemProxySeeds(const std::string& dir) {
   Write(dir, "fuzz_shmem_proxy", "all_kinds", all);
 }
 
+// Port channel requests as PortChannel's device code encodes them, against fuzz_port_channel's service (memories
+// of 8, 64, 1000, 4096 and 257 bytes; semaphores 0..3): each kind of request, one reaching exactly the end of a
+// memory, and a mixed sequence.
+void PortChannelSeeds(const std::string& dir) {
+  namespace core = mori::core;
+  auto req = [](uint32_t type, uint32_t sem, uint32_t dst, uint32_t src, uint64_t dstOff, uint64_t srcOff,
+                uint64_t size) {
+    return core::EncodePortRequest(core::PortRequest{type, sem, dst, src, dstOff, srcOff, size});
+  };
+  const uint32_t data = core::kTriggerData, signal = core::kTriggerSignal, flush = core::kTriggerFlush;
+  const std::vector<std::pair<std::string, std::vector<core::ProxyTrigger>>> kinds = {
+      {"put", {req(data, 0, 3, 2, 128, 8, 512)}},
+      {"put_signal", {req(data | signal, 2, 1, 3, 0, 4000, 64)}},
+      {"put_signal_flush", {req(data | signal | flush, 1, 2, 4, 743, 0, 257)}},
+      {"signal", {req(signal, 3, 0, 0, 0, 0, 0)}},
+      {"flush", {req(flush, 0, 0, 0, 0, 0, 0)}},
+      {"put_to_the_end", {req(data, 1, 0, 1, 0, 56, 8), req(data, 0, 3, 3, 4032, 0, 64)}},
+      {"put_within_one_memory", {req(data | signal, 0, 3, 3, 100, 90, 1000)}},
+      {"empty_put_then_signal", {req(data | signal, 2, 4, 4, 257, 257, 0)}},
+  };
+  Bytes all;
+  for (const auto& [name, triggers] : kinds) {
+    Bytes b;
+    for (const auto& t : triggers) Append(b, t);
+    Write(dir, "fuzz_port_channel", name, b);
+    all.insert(all.end(), b.begin(), b.end());
+  }
+  Write(dir, "fuzz_port_channel", "all_kinds", all);
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s CORPUS_DIR (with a directory per target)\n", argv[0]);
@@ -276,5 +307,6 @@ int main(int argc, char** argv) {
   EmulatedSeeds(argv[1]);
   FdChannelSeeds(argv[1]);
   ShmemProxySeeds(argv[1]);
+  PortChannelSeeds(argv[1]);
   return 0;
 }
