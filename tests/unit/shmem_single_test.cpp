@@ -808,6 +808,167 @@ TEST_F(ShmemSingleTest, TheStopWordEndsEveryKindOfDeviceWait) {
   unsetenv("MORI_TIMEOUT_S");
 }
 
+// Groups whose leader waits for them, stopped (core::OnStop::Report): a warp whose lowest lane reserves send
+// slots for all its lanes in a queue with no room, and warps and a block whose thread 0 waits between the group
+// barriers of a remote operation. Every thread counts itself in `started` and, if it gets past the leader's
+// wait, writes its mark: a stopped leader must take its group with it, so no mark is written.
+constexpr unsigned kGroupThreads = 48;  // a full warp and a partial one on CUDA
+
+MORI_GLOBAL void GroupReserveKernel(rdma::WorkQueueHandle* wq, rdma::CompletionQueueHandle* cq, uint32_t* marks,
+                                    uint32_t* started) {
+  core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::System>(started, 1u);
+  const rdma::GroupSlots g =
+      rdma::ReserveSendSlotsForGroup<rdma::ProviderType::MLX5>(*wq, *cq, core::ActiveLanes(), 60'000'000'000ull);
+  marks[core::FlatThreadIdx()] = 0x1000 + g.slot;
+}
+
+template <detail::Group G>
+MORI_GLOBAL void GroupLeaderWaitKernel(const uint64_t* word, const uint32_t* stop, uint32_t* marks,
+                                       uint32_t* started) {
+  core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::System>(started, 1u);
+  const uint32_t present = detail::GroupSyncPresent<G>();
+  if (detail::GroupRank<G>() == 0) {
+    core::SpinDeadline deadline(60'000'000'000ull, stop);
+    while (core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(word) != 0x600d) {
+      MORI_DEVICE_ASSERT(!deadline.Expired(), "the leader's word never came");
+      core::SpinPause();
+    }
+  }
+  detail::GroupSyncOrLeave<G>(present);
+  marks[core::FlatThreadIdx()] = 0x2000 + core::FlatThreadIdx();
+}
+
+// The same with a plain block barrier after the leader's wait, as before the counted one: what it would let by.
+MORI_GLOBAL void BlockLeaderWaitPlainBarrierKernel(const uint64_t* word, const uint32_t* stop, uint32_t* marks,
+                                                   uint32_t* started) {
+  core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::System>(started, 1u);
+  core::SyncThreads();
+  if (core::FlatThreadIdx() == 0) {
+    core::SpinDeadline deadline(60'000'000'000ull, stop);
+    while (core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(word) != 0x600d) {
+      MORI_DEVICE_ASSERT(!deadline.Expired(), "the leader's word never came");
+      core::SpinPause();
+    }
+  }
+  core::SyncThreads();
+  marks[core::FlatThreadIdx()] = 0x2000 + core::FlatThreadIdx();
+}
+
+// Launches `launch` (kGroupThreads threads that count themselves in `started`), sets the stop word once they all
+// started, and expects the kernel to end within 10 s with none of `marks` written (or, with `leaderOnly`, all
+// but the leader's).
+template <typename Launch>
+void ExpectStoppedGroupLeaves(const char* what, uint32_t* marks, uint32_t* started, Launch launch,
+                              bool leaderOnly = false) {
+  ASSERT_EQ(core::GpuMemset(marks, 0, kGroupThreads * sizeof(uint32_t)), core::kGpuSuccess);
+  core::AtomicStore<core::MemoryOrder::Relaxed, core::Scope::System>(started, 0u);
+  launch();
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(started) < kGroupThreads &&
+         std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const uint32_t arrived = core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::System>(started);
+  ASSERT_EQ(arrived, kGroupThreads) << what;
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  core::detail::SetStopWordForTesting(true);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_NO_THROW((void)core::DeviceSynchronizeBy(core::Deadline::After(10), what));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0) << what;
+  core::detail::SetStopWordForTesting(false);
+  (void)core::GpuGetLastError();
+  std::vector<uint32_t> got(kGroupThreads, 1);
+  ASSERT_EQ(core::GpuMemcpy(got.data(), marks, kGroupThreads * sizeof(uint32_t)), core::kGpuSuccess);
+  for (unsigned t = 0; t < kGroupThreads; ++t) {
+    if (leaderOnly && t > 0) {
+      EXPECT_EQ(got[t], 0x2000 + t) << what << ": thread " << t << " did not go on past its stopped leader";
+    } else {
+      EXPECT_EQ(got[t], 0u) << what << ": thread " << t << " went on past its stopped leader";
+    }
+  }
+}
+
+TEST_F(ShmemSingleTest, AGroupWhoseLeaderIsStoppedLeavesWithIt) {
+  ASSERT_EQ(ShmemInit(), 0);
+  core::GpuBuffer marks(kGroupThreads * sizeof(uint32_t), core::MemoryType::Device);
+  core::GpuBuffer started(sizeof(uint32_t), core::MemoryType::HostPinned);
+  core::GpuBuffer word(sizeof(uint64_t), core::MemoryType::Device);
+  core::GpuBuffer queues(sizeof(rdma::WorkQueueHandle) + sizeof(rdma::CompletionQueueHandle),
+                         core::MemoryType::Device);
+  auto* wq = queues.DataAs<rdma::WorkQueueHandle>();
+  auto* cq = reinterpret_cast<rdma::CompletionQueueHandle*>(queues.DataAs<uint8_t>() + sizeof(rdma::WorkQueueHandle));
+  // A send queue of `depth` slots, `posted` of them taken and none completed; the CQ's lock is held, so nothing
+  // is polled.
+  auto setQueues = [&](uint32_t depth, uint32_t posted) {
+    rdma::WorkQueueHandle w{};
+    w.sqWqeNum = depth;
+    w.postIdx = posted;
+    w.stop = core::DeviceStopWord();
+    rdma::CompletionQueueHandle c{};
+    c.pollLock = 1;
+    ASSERT_EQ(core::GpuMemcpy(wq, &w, sizeof(w)), core::kGpuSuccess);
+    ASSERT_EQ(core::GpuMemcpy(cq, &c, sizeof(c)), core::kGpuSuccess);
+  };
+  auto* m = marks.DataAs<uint32_t>();
+  auto* st = started.DataAs<uint32_t>();
+  auto* w = word.DataAs<uint64_t>();
+  const uint32_t* stop = core::DeviceStopWord();
+
+  setQueues(4, 4);
+  ExpectStoppedGroupLeaves("the send-slot reservation", m, st, [&] {
+    core::LaunchKernel(GroupReserveKernel, Dim3(1), Dim3(kGroupThreads), 0, nullptr, wq, cq, m, st);
+  });
+  ASSERT_EQ(core::GpuMemset(w, 0, sizeof(uint64_t)), core::kGpuSuccess);
+  ExpectStoppedGroupLeaves("warps", m, st, [&] {
+    core::LaunchKernel(GroupLeaderWaitKernel<detail::Group::Warp>, Dim3(1), Dim3(kGroupThreads), 0, nullptr,
+                       static_cast<const uint64_t*>(w), stop, m, st);
+  });
+  ExpectStoppedGroupLeaves("a block", m, st, [&] {
+    core::LaunchKernel(GroupLeaderWaitKernel<detail::Group::Block>, Dim3(1), Dim3(kGroupThreads), 0, nullptr,
+                       static_cast<const uint64_t*>(w), stop, m, st);
+  });
+
+#if MORI_BACKEND_CUDA
+  // The hazard the counted barrier closes, shown: past a plain one, the block's other threads go on as if thread
+  // 0's wait had ended (PTX `exit` releases a CTA barrier that waits only for the exiting thread).
+  ExpectStoppedGroupLeaves(
+      "a block behind a plain barrier", m, st,
+      [&] {
+        core::LaunchKernel(BlockLeaderWaitPlainBarrierKernel, Dim3(1), Dim3(kGroupThreads), 0, nullptr,
+                           static_cast<const uint64_t*>(w), stop, m, st);
+      },
+      true);
+#endif
+
+  // With room and with the word written, the same kernels go on: every thread gets its slot (the slots of a
+  // warp's lanes are consecutive) and writes its mark.
+  setQueues(64, 0);
+  ASSERT_EQ(core::GpuMemset(m, 0, kGroupThreads * sizeof(uint32_t)), core::kGpuSuccess);
+  core::LaunchKernel(GroupReserveKernel, Dim3(1), Dim3(kGroupThreads), 0, nullptr, wq, cq, m, st);
+  ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+  std::vector<uint32_t> got(kGroupThreads);
+  ASSERT_EQ(core::GpuMemcpy(got.data(), m, kGroupThreads * sizeof(uint32_t)), core::kGpuSuccess);
+  std::vector<uint32_t> sorted = got;
+  std::sort(sorted.begin(), sorted.end());
+  for (unsigned t = 0; t < kGroupThreads; ++t) EXPECT_EQ(sorted[t], 0x1000 + t) << "slots are not one each";
+  const uint64_t go = 0x600d;
+  ASSERT_EQ(core::GpuMemcpy(w, &go, sizeof(go)), core::kGpuSuccess);
+  for (int block = 0; block < 2; ++block) {
+    ASSERT_EQ(core::GpuMemset(m, 0, kGroupThreads * sizeof(uint32_t)), core::kGpuSuccess);
+    if (block == 0) {
+      core::LaunchKernel(GroupLeaderWaitKernel<detail::Group::Warp>, Dim3(1), Dim3(kGroupThreads), 0, nullptr,
+                         static_cast<const uint64_t*>(w), stop, m, st);
+    } else {
+      core::LaunchKernel(GroupLeaderWaitKernel<detail::Group::Block>, Dim3(1), Dim3(kGroupThreads), 0, nullptr,
+                         static_cast<const uint64_t*>(w), stop, m, st);
+    }
+    ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+    ASSERT_EQ(core::GpuMemcpy(got.data(), m, kGroupThreads * sizeof(uint32_t)), core::kGpuSuccess);
+    for (unsigned t = 0; t < kGroupThreads; ++t) EXPECT_EQ(got[t], 0x2000 + t) << "thread " << t << ", " << block;
+  }
+  EXPECT_EQ(ShmemFinalize(), 0);
+}
+
 // A PE of a pair: initialises, starts NeverSatisfiedKernel, tells the parent on `readyFd`, and waits for the
 // kernel. Only the stop and the signal after it end the process; returning is a failure (the code says where).
 int WaitUntilStopped(const mori_shmem_uniqueid_t& uid, int rank, int readyFd) {

@@ -60,6 +60,16 @@ MORI_HOST_DEVICE_INLINE void LeaveKernelOnStop() {
 #endif
 }
 
+// Whether LeaveKernelOnStop leaves here: in CUDA device code and in HOST threads, not on HIP (above).
+constexpr bool kLeavesOnStop =
+    (MORI_DEVICE_COMPILE && MORI_BACKEND_CUDA) || (MORI_BACKEND_HOST && !MORI_DEVICE_COMPILE);
+
+// What a bounded wait does once a stop is requested. Leave: the thread leaves the kernel from inside the wait,
+// on its own. Report: the wait ends and says so (SpinDeadline::Stopped), for a thread that waits on behalf of
+// a group of lanes or threads: they leave together after it hands them the news, where a leader gone alone
+// would leave its siblings a shuffle from an exited lane (an undefined value) or a barrier it never reaches.
+enum class OnStop : uint8_t { Leave, Report };
+
 // A deadline for a device-side polling loop. The clock is read every kCheckEvery polls only, so a poll
 // stays one load on the fast path. With the process's stop word (core::DeviceStopWord(), carried by the
 // device state and the queue, FIFO and semaphore handles), the same check also reads the word and leaves
@@ -68,10 +78,13 @@ class SpinDeadline {
  public:
   static constexpr uint32_t kCheckEvery = 1024;
 
-  MORI_HOST_DEVICE_INLINE explicit SpinDeadline(uint64_t timeoutNs, const uint32_t* stop = nullptr)
-      : end_(timeoutNs == 0 ? ~0ull : DeviceWallClockNs() + timeoutNs), stop_(stop) {}
+  MORI_HOST_DEVICE_INLINE explicit SpinDeadline(uint64_t timeoutNs, const uint32_t* stop = nullptr,
+                                                OnStop onStop = OnStop::Leave)
+      : end_(timeoutNs == 0 ? ~0ull : DeviceWallClockNs() + timeoutNs), stop_(stop), onStop_(onStop) {}
 
-  // True once the deadline has passed; call once per poll. Does not return once a stop was requested.
+  // True once the deadline has passed; call once per poll. Once a stop was requested it does not return
+  // (OnStop::Leave), or returns false from then on with Stopped() true (OnStop::Report, where the thread can
+  // leave; on HIP a stop is never reported).
   MORI_HOST_DEVICE_INLINE bool Expired() {
 #if !MORI_DEVICE_COMPILE
     // Host threads yield on every poll, so each poll is already slow: check the clock every time.
@@ -79,9 +92,18 @@ class SpinDeadline {
 #else
     if (++polls_ % kCheckEvery != 0) return false;
 #endif
-    if (stop_ != nullptr && StopSet()) LeaveKernelOnStop();
+    if (stop_ != nullptr && StopSet()) {
+      if (onStop_ == OnStop::Leave) LeaveKernelOnStop();
+      if (kLeavesOnStop) {
+        stopped_ = true;
+        return false;
+      }
+    }
     return DeviceWallClockNs() > end_;
   }
+
+  // A stop was requested and this OnStop::Report wait should end: the caller leaves with its group.
+  MORI_HOST_DEVICE_INLINE bool Stopped() const { return stopped_; }
 
  private:
   // The word lives in pinned host memory on GPUs (a volatile load goes there); host threads load it atomically.
@@ -96,6 +118,8 @@ class SpinDeadline {
   uint64_t end_;
   const uint32_t* stop_;
   uint32_t polls_ = 0;
+  OnStop onStop_;
+  bool stopped_ = false;
 };
 
 #endif  // MORI_DEVICE_API_AVAILABLE

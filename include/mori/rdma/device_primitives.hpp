@@ -216,15 +216,14 @@ MORI_HOST_DEVICE_INLINE uint32_t RetireCompletions(CompletionQueueHandle& cq, Wo
   return retired;
 }
 
-// Reserves `n` consecutive slots, waiting while the send queue has no room for them. Traps, naming the QP
-// and the indices, when `timeoutNs` passes first.
+// Waits while the send queue has no room for slots [slot, slot + n), retiring completions. Traps, naming the QP
+// and the indices, when `timeoutNs` passes first. Returns false only when a stop ended the wait (OnStop::Report).
 template <ProviderType P>
-MORI_HOST_DEVICE_INLINE uint32_t ReserveSendSlots(WorkQueueHandle& wq, CompletionQueueHandle& cq, uint32_t n,
-                                                  uint64_t timeoutNs) {
+MORI_HOST_DEVICE_INLINE bool WaitForSendRoom(WorkQueueHandle& wq, CompletionQueueHandle& cq, uint32_t slot, uint32_t n,
+                                             uint64_t timeoutNs, core::OnStop onStop) {
   using core::MemoryOrder;
   using core::Scope;
-  uint32_t slot = core::AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(&wq.postIdx, n);
-  core::SpinDeadline deadline(timeoutNs, wq.stop);
+  core::SpinDeadline deadline(timeoutNs, wq.stop, onStop);
   while (slot + n - core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.doneIdx) > wq.sqWqeNum) {
     RetireCompletions<P>(cq, wq);
     MORI_DEVICE_ASSERT(!deadline.Expired(),
@@ -232,8 +231,18 @@ MORI_HOST_DEVICE_INLINE uint32_t ReserveSendSlots(WorkQueueHandle& wq, Completio
                        "stopped coming (peer gone? link down?)",
                        wq.qpn, static_cast<unsigned long long>(timeoutNs), slot,
                        core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&wq.doneIdx), wq.sqWqeNum);
+    if (deadline.Stopped()) return false;
     core::SpinPause();
   }
+  return true;
+}
+
+// Reserves `n` consecutive slots, waiting while the send queue has no room for them (WaitForSendRoom).
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE uint32_t ReserveSendSlots(WorkQueueHandle& wq, CompletionQueueHandle& cq, uint32_t n,
+                                                  uint64_t timeoutNs) {
+  uint32_t slot = core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(&wq.postIdx, n);
+  WaitForSendRoom<P>(wq, cq, slot, n, timeoutNs, core::OnStop::Leave);
   return slot;
 }
 
@@ -323,13 +332,19 @@ struct GroupSlots {
 };
 
 // Every lane of `group` calls this: the group's lowest lane reserves `count` slots with one atomic (waiting
-// for room as ReserveSendSlots does) and each lane gets its own, in lane order.
+// for room as ReserveSendSlots does) and each lane gets its own, in lane order. A stop that ends the leader's
+// wait ends the whole group's kernel here, before any lane writes a slot.
 template <ProviderType P>
 MORI_DEVICE_INLINE GroupSlots ReserveSendSlotsForGroup(WorkQueueHandle& wq, CompletionQueueHandle& cq,
                                                        core::LaneMask group, uint64_t timeoutNs) {
   const unsigned leader = core::LowestLane(group);
   GroupSlots g{group, 0, core::LaneCount(group), 0};
-  if (core::LaneId() == leader) g.first = ReserveSendSlots<P>(wq, cq, g.count, timeoutNs);
+  uint32_t room = 1;
+  if (core::LaneId() == leader) {
+    g.first = core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(&wq.postIdx, g.count);
+    room = WaitForSendRoom<P>(wq, cq, g.first, g.count, timeoutNs, core::OnStop::Report) ? 1u : 0u;
+  }
+  if (core::ShuffleFrom(group, room, leader) == 0) core::LeaveKernelOnStop();
   g.first = core::ShuffleFrom(group, g.first, leader);
   g.slot = g.first + core::LaneCount(group & core::LanesBelow());
   return g;

@@ -72,23 +72,24 @@ MORI_DEVICE_NOINLINE void TransferRemote(const char* op, void* dst, const void* 
         return;
       }
     }
-    GroupSync<G>();  // the whole group's source data is written before the NIC is told to read it
+    // The whole group's source data is written before the NIC is told to read it.
+    const uint32_t present = GroupSyncPresent<G>();
     if (GroupRank<G>() == 0) {
       uint32_t slot = D == Direction::Put ? RdmaPut(s, op, pe, offset, src, bytes, wait)
                                           : RdmaGet(s, op, pe, dst, offset, bytes, wait);
       if (wait) WaitSlot(s, QueueFor(s, pe), pe, slot);
     }
-    GroupSync<G>();
+    GroupSyncOrLeave<G>(present);
     return;
   }
   // Proxy: every thread's part of the source is written before the proxy reads it (the barrier, then the
   // leader's release in its push).
-  GroupSync<G>();
+  const uint32_t present = GroupSyncPresent<G>();
   if (GroupRank<G>() == 0) {
     ProxyTransfer(s, op, D == Direction::Put ? ProxyOp::Put : ProxyOp::Get, pe, offset,
                   D == Direction::Put ? src : static_cast<const void*>(dst), bytes, wait);
   }
-  GroupSync<G>();
+  GroupSyncOrLeave<G>(present);
 }
 
 // Copies [src, src + bytes) to dst, where dst (Put) or src (Get) is a symmetric address on pe and the other
@@ -121,16 +122,17 @@ MORI_DEVICE_NOINLINE void PutSignalRemote(const char* op, const void* source, si
                                           uint64_t sigOffset, uint64_t sigVal, SignalOp sigOp, int pe) {
   const ShmemDeviceState& s = State();
   if (TransportOf(s, pe) == TransportType::RDMA) {
-    GroupSync<G>();
+    const uint32_t present = GroupSyncPresent<G>();
     if (GroupRank<G>() == 0) {
       // Same QP for data and signal: RC executes them in order, so the signal cannot pass the data.
       if (bytes > 0) RdmaPut(s, op, pe, offset, source, bytes, false);
       SignalAt(s, pe, sigOffset, sigVal, sigOp);
     }
-    GroupSync<G>();
+    GroupSyncOrLeave<G>(present);
     return;
   }
-  GroupSync<G>();  // the group's source is written before the leader's push (whose release is cumulative)
+  // The group's source is written before the leader's push (whose release is cumulative).
+  const uint32_t present = GroupSyncPresent<G>();
   if (GroupRank<G>() == 0) {
     // One request: the proxy issues the signal after the data on the same connection, which orders it.
     if (bytes > 0) {
@@ -145,7 +147,7 @@ MORI_DEVICE_NOINLINE void PutSignalRemote(const char* op, const void* source, si
     // With no data the signal still follows everything this group wrote before: the system-scope release.
     ProxyPush(s, r, 3, ProxyDataOrder(s, source, bytes));
   }
-  GroupSync<G>();
+  GroupSyncOrLeave<G>(present);
 }
 
 template <Group G>
@@ -510,9 +512,9 @@ MORI_DEVICE_NOINLINE void ShmemBarrierAllThread() {
 // Every thread of the block calls it.
 MORI_DEVICE_INLINE void ShmemBarrierAllBlock() {
   detail::SystemFence();
-  core::SyncThreads();
+  const uint32_t present = detail::GroupSyncPresent<detail::Group::Block>();
   if (core::FlatThreadIdx() == 0) ShmemBarrierAllThread();
-  core::SyncThreads();
+  detail::GroupSyncOrLeave<detail::Group::Block>(present);  // thread 0 stopped in its wait: the block leaves
 }
 
 // ---- teams ----
@@ -552,9 +554,9 @@ MORI_DEVICE_NOINLINE void ShmemTeamSyncThread(ShmemTeam team) {
 // Every thread of the block calls it.
 MORI_DEVICE_INLINE void ShmemTeamSyncBlock(ShmemTeam team) {
   detail::SystemFence();
-  core::SyncThreads();
+  const uint32_t present = detail::GroupSyncPresent<detail::Group::Block>();
   if (core::FlatThreadIdx() == 0) ShmemTeamSyncThread(team);
-  core::SyncThreads();
+  detail::GroupSyncOrLeave<detail::Group::Block>(present);  // thread 0 stopped in its wait: the block leaves
 }
 
 }  // namespace mori::shmem

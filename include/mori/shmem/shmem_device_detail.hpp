@@ -47,6 +47,40 @@ MORI_DEVICE_INLINE void GroupSync() {
   if constexpr (G == Group::Block) core::SyncThreads();
 }
 
+// The group barrier before a leader works for the group on a remote PE (a post, a push, a barrier), and the
+// one after. Should a stop end the leader's wait, the leader leaves its kernel alone, so the barrier after
+// counts who is left (CUDA: a vote of the warp's lanes, a counting block barrier; exited threads take no
+// part in either) and the rest of the group leaves with it, instead of returning as if the work were done.
+// GroupSyncPresent returns who was present before, for GroupSyncOrLeave; elsewhere they are plain barriers.
+template <Group G>
+MORI_DEVICE_INLINE uint32_t GroupSyncPresent() {
+#if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE
+  if constexpr (G == Group::Warp) {
+    __syncwarp();
+    return __ballot_sync(0xffffffffu, 1);
+  }
+  if constexpr (G == Group::Block) return static_cast<uint32_t>(__syncthreads_count(1));
+#endif
+  GroupSync<G>();
+  return 0;
+}
+
+template <Group G>
+MORI_DEVICE_INLINE void GroupSyncOrLeave([[maybe_unused]] uint32_t present) {
+#if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE
+  if constexpr (G == Group::Warp) {
+    if (__ballot_sync(0xffffffffu, 1) != present) core::LeaveKernelOnStop();
+    __syncwarp();  // every lane that was there still is
+    return;
+  }
+  if constexpr (G == Group::Block) {
+    if (static_cast<uint32_t>(__syncthreads_count(1)) != present) core::LeaveKernelOnStop();
+    return;
+  }
+#endif
+  GroupSync<G>();
+}
+
 // The argument checks of every call (runtime initialised, PE in range, address range inside the heap,
 // alignment of atomics) cost a few compares and one predicted branch each. MORI_SHMEM_DEVICE_CHECKS=0 before
 // including the device API turns them off in that translation unit, for measuring what they cost and
