@@ -8,7 +8,7 @@
 #   5. builds it with TSan and runs the tests again (except the 100k-WQE queue-depth tests, too slow there,
 #      the mpirun-launched ones: Open MPI itself is not TSan-clean, and the chaos jobs, whose 200 killed PEs
 #      per build take TSan's 1 s sleep at every exit: they run in the HOST and ASan builds);
-#   6. builds the libFuzzer targets with clang and runs each for 45 s on its seed corpus (scripts/fuzz.sh).
+#   6. builds the libFuzzer targets with clang and runs each for 30 s on its seed corpus (scripts/fuzz.sh).
 # Steps can be chosen: test.sh host cuda hip asan tsan fuzz (default: all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -90,12 +90,12 @@ fi
 if want fuzz; then
   echo "== fuzz"
   fuzz_start=$SECONDS
-  ./scripts/fuzz.sh 45 build-ci-fuzz > build-ci-fuzz.log 2>&1
+  ./scripts/fuzz.sh 30 build-ci-fuzz > build-ci-fuzz.log 2>&1
   rc=$?
   grep -E '^fuzz_|^fuzz: ' build-ci-fuzz.log
   crashes=$(grep -c 'CRASHED' build-ci-fuzz.log)
   if [ $rc -eq 0 ]; then
-    summary+=("fuzz: no crash, 45 s per target ($((SECONDS - fuzz_start)) s with the build)")
+    summary+=("fuzz: no crash, 30 s per target ($((SECONDS - fuzz_start)) s with the build)")
   else
     summary+=("fuzz: $crashes target(s) crashed, or the build failed (build-ci-fuzz.log)")
     failed+=("fuzz")
