@@ -978,13 +978,23 @@ void TcpLink::Impl::ApplyWrite(LinkChannel& ch, const FrameHeader& h, GpuLane& g
 
 void TcpLink::Impl::WaitForEarlierWrites(const FrameHeader& h) {
   const uint64_t n = channels_.size();
+  // Write chunks g < before with g % n == c (rounding `before` up would overflow for a corrupt count).
+  const auto chunksBefore = [&](uint64_t c) { return h.before / n + (c < h.before % n ? 1 : 0); };
   const Deadline deadline = Deadline::After(timeoutS_);
   std::unique_lock<std::mutex> lock(appliedMutex_);
+  // This frame came on channel 0 after every chunk of channel 0 issued before it and before any issued after it,
+  // so channel 0's count is exact now: another is a corrupt frame, which waiting would only turn into a timeout.
+  MORI_CHECK(channels_[0]->appliedWrites == chunksBefore(0), ErrorCode::Protocol,
+             "%s frame from rank %d counts %llu Write chunks before it, %llu of them on channel 0, where %llu came; "
+             "nothing written",
+             FrameTypeName(h.type), peerRank_, static_cast<unsigned long long>(h.before),
+             static_cast<unsigned long long>(chunksBefore(0)),
+             static_cast<unsigned long long>(channels_[0]->appliedWrites));
   while (true) {
     int lagging = -1;
     uint64_t need = 0;
-    for (uint64_t c = 0; c < n; ++c) {
-      need = (h.before + n - 1 - c) / n;  // chunks g < before with g % n == c
+    for (uint64_t c = 1; c < n; ++c) {
+      need = chunksBefore(c);
       if (channels_[c]->appliedWrites < need) {
         lagging = static_cast<int>(c);
         break;
