@@ -14,6 +14,17 @@ namespace mori::fuzz {
 // The job id of fuzz_fd_channel's ranks: fixed, so that the seed corpus's messages are that job's.
 constexpr uint64_t kFdChannelJobId = 0x66757a7a6a6f6221ull;
 
+// fuzz_tcp_stream's peer nonce (fixed, so that a seed's hello can carry it) and the option bits of its first byte.
+namespace tcp_stream {
+constexpr uint64_t kPeerNonce = 0x7a7a756670656572ull;
+constexpr uint8_t kChannelBits = 3;      // 1 to 4 channels
+constexpr uint8_t kIssue = 1 << 2;       // the link issues a read (ids 1, 2), a fetch-add (3), a compare-swap (4)
+constexpr uint8_t kFuzzHello = 1 << 3;   // a stranger connects to channel 0's listener first with the input's hello
+constexpr uint8_t kRealNonce = 1 << 4;   // the stranger's hello carries the listener's (random) nonce
+constexpr uint8_t kDeviceRead = 1 << 5;  // the link's read lands in (emulated) device memory
+constexpr uint8_t kReset = 1 << 6;       // the peer ends with a reset (SO_LINGER 0), not an orderly close
+}  // namespace tcp_stream
+
 // Reads the input front to back; what runs past the end reads as zero bytes, so every input is usable.
 class FuzzInput {
  public:
