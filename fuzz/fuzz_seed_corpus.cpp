@@ -1,12 +1,13 @@
 // Writes the fuzz targets' seed corpora (fuzz/corpus/<target>/) from messages that mori's own encoders produce:
 // unique ids from UniqueIdFromAddress, RegisteredMemory bytes from SerializeRegisteredMemory, TCP handles from
 // EncodeHandle and frames from MakeFrame, emulated NIC headers from MakePacketHeader, SHMEM proxy requests from
-// EncodeProxyHeader and ProxyPayload.
+// EncodeProxyHeader and ProxyPayload, TCP frame streams from MakeFrame with the fields TcpLink's sender sets.
 // Usage: fuzz_seed_corpus DIR (scripts/fuzz.sh does not run it; the corpora are kept in the tree).
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -294,6 +295,146 @@ void PortChannelSeeds(const std::string& dir) {
     all.insert(all.end(), b.begin(), b.end());
   }
   Write(dir, "fuzz_port_channel", "all_kinds", all);
+// fuzz_tcp_stream: an options byte, then frames, each a channel byte, a header from MakeFrame with the fields the
+// link's sender sets (sequence numbers per channel, Write chunk g on channel g % N, word operations and reads on
+// channel 0 carrying the Write chunks before them) and its payload. Keys 0 to 2 name the harness's registrations.
+class TcpStream {
+ public:
+  TcpStream(uint8_t options, int channels) : channels_(channels), seq_(static_cast<size_t>(channels), 0) {
+    bytes_.push_back(static_cast<uint8_t>(options | (channels - 1)));
+  }
+
+  // A Write of `length` bytes at key/offset, cut into `chunk`-byte chunks dealt round-robin.
+  TcpStream& Write(uint32_t key, uint64_t offset, uint32_t length, uint32_t chunk = 4096) {
+    for (uint32_t off = 0; off < length; off += chunk) {
+      tcp::FrameHeader h = tcp::MakeFrame(tcp::FrameType::Write);
+      h.key = key;
+      h.offset = offset + off;
+      h.length = std::min(chunk, length - off);
+      h.before = writeChunks_;
+      const int c = static_cast<int>(writeChunks_++ % static_cast<uint64_t>(channels_));
+      Bytes payload(h.length);
+      for (uint32_t i = 0; i < h.length; ++i) payload[i] = static_cast<uint8_t>(0xa0 + (off + i) * 7);
+      Ordered(c, h, payload);
+    }
+    return *this;
+  }
+  // Update, FetchAdd, CompareSwap or ReadRequest (arg0: the bytes to read) on channel 0.
+  TcpStream& Op(tcp::FrameType type, uint32_t key, uint64_t offset, uint64_t arg0, uint64_t arg1 = 0) {
+    tcp::FrameHeader h = tcp::MakeFrame(type);
+    h.key = key;
+    h.offset = offset;
+    h.before = writeChunks_;
+    h.arg0 = arg0;
+    h.arg1 = arg1;
+    if (type != tcp::FrameType::Update) h.id = nextId_++;
+    Ordered(0, h, {});
+    return *this;
+  }
+  // A frame that is not ordered (answers, Fail, Close, or one out of place), as it is.
+  TcpStream& Frame(int channel, tcp::FrameHeader h, const Bytes& payload = {}) {
+    h.length = static_cast<uint32_t>(payload.size());
+    bytes_.push_back(static_cast<uint8_t>(channel));
+    Append(bytes_, h);
+    bytes_.insert(bytes_.end(), payload.begin(), payload.end());
+    return *this;
+  }
+  // Drops the last `n` bytes: the connection closes in the middle of a frame.
+  TcpStream& Cut(size_t n) {
+    bytes_.resize(bytes_.size() - n);
+    return *this;
+  }
+  const Bytes& Stream() const { return bytes_; }
+
+ private:
+  void Ordered(int c, tcp::FrameHeader h, const Bytes& payload) {
+    h.seq = ++seq_[static_cast<size_t>(c)];
+    Frame(c, h, payload);
+  }
+
+  int channels_;
+  std::vector<uint64_t> seq_;
+  uint64_t writeChunks_ = 0;
+  uint64_t nextId_ = 1;
+  Bytes bytes_;
+};
+
+void TcpStreamSeeds(const std::string& dir) {
+  namespace ts = mori::fuzz::tcp_stream;
+  using tcp::FrameType;
+  const auto frame = [](FrameType type, uint64_t id = 0, uint64_t seqOrOffset = 0, uint64_t arg0 = 0) {
+    tcp::FrameHeader h = tcp::MakeFrame(type);
+    h.id = id;
+    if (type == FrameType::Ack) h.seq = seqOrOffset;
+    if (type == FrameType::ReadData) h.offset = seqOrOffset;
+    h.arg0 = arg0;
+    return h;
+  };
+  const auto text = [](const char* s) { return Bytes(s, s + std::strlen(s)); };
+  const auto put = [&](const std::string& name, const TcpStream& s) {
+    Write(dir, "fuzz_tcp_stream", name, s.Stream());
+  };
+
+  // One of each frame type the peer sends after setup.
+  put("write", TcpStream(0, 1).Write(0, 128, 200));
+  put("write_device", TcpStream(0, 1).Write(1, 16, 100));
+  put("update", TcpStream(0, 1).Op(FrameType::Update, 0, 64, 0x1122334455667788ull));
+  put("fetch_add", TcpStream(0, 1).Op(FrameType::FetchAdd, 0, 72, 5));
+  put("compare_swap", TcpStream(0, 1).Op(FrameType::CompareSwap, 1, 8, 0, 9));
+  put("read_request", TcpStream(0, 1).Op(FrameType::ReadRequest, 0, 256, 300));
+  // The link issued a 96-byte read (requests 1 and 2 of 64 and 32 bytes), a fetch-add (3), a compare-swap (4).
+  put("ack", TcpStream(ts::kIssue, 1).Frame(0, frame(FrameType::Ack, 0, 4)));
+  put("read_data", TcpStream(ts::kIssue, 1)
+                       .Frame(0, frame(FrameType::ReadData, 1, 0), Bytes(64, 0x31))
+                       .Frame(0, frame(FrameType::ReadData, 2, 0), Bytes(32, 0x32)));
+  put("read_data_device",
+      TcpStream(ts::kIssue | ts::kDeviceRead, 1).Frame(0, frame(FrameType::ReadData, 1, 0), Bytes(64, 0x33)));
+  put("atomic_result", TcpStream(ts::kIssue, 1)
+                           .Frame(0, frame(FrameType::AtomicResult, 3, 0, 41))
+                           .Frame(0, frame(FrameType::AtomicResult, 4, 0, 1)));
+  put("fail", TcpStream(0, 1).Frame(0, frame(FrameType::Fail), text("rank 1 gave up")));
+  put("close", TcpStream(0, 1).Frame(0, frame(FrameType::Close)));
+  put("hello_after_setup", TcpStream(0, 1).Frame(0, frame(FrameType::Hello), Bytes(sizeof(tcp::HelloPayload))));
+  put("hello_ack_after_setup", TcpStream(0, 1).Frame(0, frame(FrameType::HelloAck)));
+
+  // Sequences: writes over four channels, then word operations and a read ordered after them, then a Close.
+  put("four_channels", TcpStream(0, 4)
+                           .Write(0, 0, 1000, 128)
+                           .Op(FrameType::Update, 0, 1000 / 8 * 8 + 8, 7)
+                           .Op(FrameType::ReadRequest, 0, 0, 1024)
+                           .Op(FrameType::FetchAdd, 1, 0, 3)
+                           .Write(1, 64, 192, 64)
+                           .Op(FrameType::CompareSwap, 1, 0, 3, 4)
+                           .Frame(0, frame(FrameType::Close)));
+  // Answers to everything the link issued, spread over two channels, among writes.
+  put("answers_two_channels", TcpStream(ts::kIssue, 2)
+                                  .Write(0, 512, 300, 100)
+                                  .Frame(1, frame(FrameType::ReadData, 1, 0), Bytes(64, 0x41))
+                                  .Frame(0, frame(FrameType::ReadData, 2, 0), Bytes(32, 0x42))
+                                  .Frame(0, frame(FrameType::AtomicResult, 3, 0, 0))
+                                  .Frame(0, frame(FrameType::AtomicResult, 4, 0, 1))
+                                  .Frame(0, frame(FrameType::Ack, 0, 4))
+                                  .Op(FrameType::Update, 0, 8, 1));
+  // The connection closes in the middle of a Write's payload, and in the middle of a header.
+  put("cut_payload", TcpStream(0, 1).Write(0, 0, 64).Write(0, 64, 200).Cut(50));
+  put("cut_header", TcpStream(0, 2).Write(0, 0, 64).Op(FrameType::Update, 0, 0, 1).Cut(20));
+  // The peer resets the connections after a write and a read.
+  put("reset", TcpStream(ts::kReset, 2).Write(1, 0, 256, 64).Op(FrameType::ReadRequest, 1, 0, 256));
+  // A stranger's valid hello reaches channel 0's listener first (with the listener's nonce put in): it takes the
+  // channel, and the stream follows on it.
+  for (bool realNonce : {false, true}) {
+    TcpStream s(static_cast<uint8_t>(ts::kFuzzHello | (realNonce ? ts::kRealNonce : 0)), 1);
+    tcp::FrameHeader h = tcp::MakeFrame(FrameType::Hello);
+    h.length = sizeof(tcp::HelloPayload);
+    tcp::HelloPayload hello{0, ts::kPeerNonce, 0, 1, 1, 0};
+    Bytes b(s.Stream());
+    Append(b, h);
+    Append(b, hello);
+    TcpStream rest(0, 1);
+    rest.Write(0, 8, 16).Op(FrameType::FetchAdd, 0, 0, 1);
+    b.insert(b.end(), rest.Stream().begin() + 1, rest.Stream().end());
+    Write(dir, "fuzz_tcp_stream", realNonce ? "stranger_hello_valid" : "stranger_hello_foreign", b);
+  }
 }
 
 int main(int argc, char** argv) {
@@ -308,5 +449,6 @@ int main(int argc, char** argv) {
   FdChannelSeeds(argv[1]);
   ShmemProxySeeds(argv[1]);
   PortChannelSeeds(argv[1]);
+  TcpStreamSeeds(argv[1]);
   return 0;
 }
