@@ -24,6 +24,24 @@ constexpr uint8_t kRealNonce = 1 << 4;   // the stranger's hello carries the lis
 constexpr uint8_t kDeviceRead = 1 << 5;  // the link's read lands in (emulated) device memory
 constexpr uint8_t kReset = 1 << 6;       // the peer ends with a reset (SO_LINGER 0), not an orderly close
 }  // namespace tcp_stream
+// fuzz_emulated_nic's input encoding, shared with the seed writer. The first byte holds these options, the second
+// chooses the WQEs a requester-side input posts (bit i: kNicWqe i; 0: all of them); packets follow.
+constexpr uint8_t kNicRequester = 1;    // answer the NIC's requests (else: send it requests)
+constexpr uint8_t kNicFuzzHello = 2;    // the first packet is the connection's hello (else the harness says one)
+constexpr uint8_t kNicRawCheck = 4;     // integrity checks as the input wrote them (else recomputed)
+constexpr uint8_t kNicRawFraming = 8;   // magic and version as the input wrote them (else this wire's)
+constexpr uint8_t kNicWrapPsn = 16;     // PSNs start two before the 24-bit wrap (else at 0)
+constexpr uint8_t kNicNoReceives = 32;  // no receive buffers posted (sends meet receiver-not-ready)
+// Buffers of the harness: a packet's rkey below kNicRegions names that buffer's registration, and an raddr whose top
+// byte is below kNicBuffers is that buffer's base plus the signed 32-bit offset in its low word.
+enum NicBuffer : uint8_t { kNicAll, kNicReadOnly, kNicWriteOnly, kNicLocal, kNicUnregistered, kNicBuffers };
+constexpr uint32_t kNicRegions = kNicUnregistered;
+constexpr uint64_t NicAddress(NicBuffer b, int32_t offset) {
+  return (uint64_t{b} << 56) | static_cast<uint32_t>(offset);
+}
+// The WQEs a requester-side input may post, in this order; their PSNs follow each other from the start PSN.
+enum NicWqe : uint8_t { kNicWrite, kNicRead, kNicFetchAdd, kNicCompareSwap, kNicSend, kNicReadEmpty, kNicWriteInline,
+                        kNicReadLong, kNicWqes };
 
 // Reads the input front to back; what runs past the end reads as zero bytes, so every input is usable.
 class FuzzInput {
