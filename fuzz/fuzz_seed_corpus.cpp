@@ -2,8 +2,10 @@
 // unique ids from UniqueIdFromAddress, RegisteredMemory bytes from SerializeRegisteredMemory, TCP handles from
 // EncodeHandle and frames from MakeFrame, emulated NIC headers from MakePacketHeader, SHMEM proxy requests from
 // EncodeProxyHeader and ProxyPayload, TCP frame streams from MakeFrame with the fields TcpLink's sender sets.
+// EncodeProxyHeader and ProxyPayload, emulated NIC packet streams from MakePacketHeader and PacketCheck.
 // Usage: fuzz_seed_corpus DIR (scripts/fuzz.sh does not run it; the corpora are kept in the tree).
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -21,6 +23,8 @@
 #include "mori/core/host_topology.hpp"
 #include "mori/channels/proxy_trigger.hpp"
 #include "mori/core/ipc.hpp"
+#include "mori/rdma/device_primitives.hpp"
+#include "mori/rdma/mlx5/mlx5_prm.hpp"
 #include "mori/shmem/shmem_proxy_request.hpp"
 #include "registered_memory_impl.hpp"
 #include "tcp/tcp_wire.hpp"
@@ -184,6 +188,116 @@ void EmulatedSeeds(const std::string& dir) {
     for (uint8_t byte : payload) Append(b, byte);
     Write(dir, "fuzz_emulated_wire", "hello_then_type" + std::to_string(type), b);
   }
+}
+
+// fuzz_emulated_nic: a byte of options, a byte choosing the requester side's WQEs, then packets in the harness's
+// relative encoding (QPNs and PSNs relative to the real ones, rkeys and raddrs naming the harness's buffers).
+void EmulatedNicSeeds(const std::string& dir) {
+  namespace f = mori::fuzz;
+  mkdir((dir + "/fuzz_emulated_nic").c_str(), 0755);
+  using em::PacketType;
+  auto packet = [](PacketType type, uint32_t psn, uint32_t rkey, uint64_t raddr, Bytes payload, uint64_t length = 0) {
+    em::PacketHeader h = em::MakePacketHeader(type);
+    h.psn = psn;
+    h.rkey = rkey;
+    h.raddr = raddr;
+    h.length = type == PacketType::ReadRequest ? length : payload.size();
+    h.icrc = em::PacketCheck(h, payload.data(), payload.size());
+    Bytes b;
+    Append(b, h);
+    b.insert(b.end(), payload.begin(), payload.end());
+    return b;
+  };
+  auto bytes = [](size_t n, uint8_t seed) {
+    Bytes b(n);
+    for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(seed + 13 * i);
+    return b;
+  };
+  auto atomic = [&](uint32_t psn, mori::rdma::AtomicOp op, uint64_t raddr, uint64_t swapAdd, uint64_t compare) {
+    Bytes b = packet(PacketType::AtomicRequest, psn, f::kNicAll, raddr, {});
+    em::PacketHeader h;
+    std::memcpy(&h, b.data(), sizeof(h));
+    h.atomicOp = static_cast<uint8_t>(op);
+    h.swapAdd = swapAdd;
+    h.compare = compare;
+    h.icrc = em::PacketCheck(h, nullptr, 0);
+    std::memcpy(b.data(), &h, sizeof(h));
+    return b;
+  };
+  auto response = [&](PacketType type, uint32_t psn, uint8_t syndrome, Bytes payload, uint64_t value = 0) {
+    Bytes b = packet(type, psn, 0, 0, payload);
+    em::PacketHeader h;
+    std::memcpy(&h, b.data(), sizeof(h));
+    h.syndrome = syndrome;
+    h.swapAdd = value;
+    h.icrc = em::PacketCheck(h, payload.data(), payload.size());
+    std::memcpy(b.data(), &h, sizeof(h));
+    return b;
+  };
+  auto seed = [&](const std::string& name, uint8_t options, uint8_t wqes, std::vector<Bytes> packets) {
+    Bytes b{options, wqes};
+    for (const Bytes& p : packets) b.insert(b.end(), p.begin(), p.end());
+    Write(dir, "fuzz_emulated_nic", name, b);
+  };
+  using mori::rdma::AtomicOp;
+  const Bytes write = packet(PacketType::WriteRequest, 0, f::kNicAll, f::NicAddress(f::kNicAll, 16), bytes(64, 1));
+  const Bytes read = packet(PacketType::ReadRequest, 0, f::kNicReadOnly, f::NicAddress(f::kNicReadOnly, 8), {}, 32);
+  const Bytes send = packet(PacketType::SendRequest, 0, 0, 0, bytes(40, 2));
+  seed("write", 0, 0, {write});
+  seed("read", 0, 0, {read});
+  seed("fetch_add", 0, 0, {atomic(0, AtomicOp::FetchAdd, f::NicAddress(f::kNicAll, 8), 5, 0)});
+  seed("compare_swap", 0, 0, {atomic(0, AtomicOp::CompareSwap, f::NicAddress(f::kNicAll, 0), 77, 0x1122)});
+  seed("send", 0, 0, {send});
+  seed("every_request_in_sequence", 0, 0,
+       {packet(PacketType::WriteRequest, 0, f::kNicWriteOnly, f::NicAddress(f::kNicWriteOnly, 0), bytes(64, 3)),
+        packet(PacketType::ReadRequest, 1, f::kNicAll, f::NicAddress(f::kNicAll, 200), {}, 56),
+        atomic(2, AtomicOp::FetchAdd, f::NicAddress(f::kNicAll, 248), 1, 0),
+        atomic(3, AtomicOp::CompareSwap, f::NicAddress(f::kNicAll, 240), 9, 0),
+        packet(PacketType::SendRequest, 4, 0, 0, bytes(64, 4)), packet(PacketType::SendRequest, 5, 0, 0, bytes(1, 5)),
+        packet(PacketType::ReadRequest, 6, f::kNicAll, f::NicAddress(f::kNicAll, 256), {}, 0)});
+  seed("write_then_read_back", 0, 0,
+       {packet(PacketType::WriteRequest, 0, f::kNicAll, f::NicAddress(f::kNicAll, 32), bytes(16, 6)),
+        packet(PacketType::ReadRequest, 1, f::kNicAll, f::NicAddress(f::kNicAll, 24), {}, 32)});
+  seed("psn_out_of_order", 0, 0,
+       {packet(PacketType::WriteRequest, 1, f::kNicAll, f::NicAddress(f::kNicAll, 0), bytes(8, 7)), write});
+  seed("bad_key_then_good", 0, 0,
+       {packet(PacketType::WriteRequest, 0, 0x77, f::NicAddress(f::kNicAll, 0), bytes(8, 8)), write});
+  seed("write_to_read_only_and_local", 0, 0,
+       {packet(PacketType::WriteRequest, 0, f::kNicReadOnly, f::NicAddress(f::kNicReadOnly, 0), bytes(8, 9)),
+        packet(PacketType::WriteRequest, 0, f::kNicLocal, f::NicAddress(f::kNicLocal, 0), bytes(8, 9)), write});
+  seed("write_past_the_end", 0, 0,
+       {packet(PacketType::WriteRequest, 0, f::kNicAll, f::NicAddress(f::kNicAll, 250), bytes(8, 10)), write});
+  seed("misaligned_atomic", 0, 0, {atomic(0, AtomicOp::FetchAdd, f::NicAddress(f::kNicAll, 4), 1, 0), write});
+  seed("send_too_large", 0, 0, {packet(PacketType::SendRequest, 0, 0, 0, bytes(100, 11)), write});
+  seed("send_without_receive", f::kNicNoReceives, 0, {send, write});
+  seed("fuzzed_hello", f::kNicFuzzHello, 0, {packet(PacketType::Hello, 0, 0, 0, {}), write});
+  seed("psn_wrap", f::kNicWrapPsn, 0,
+       {packet(PacketType::WriteRequest, 0, f::kNicAll, f::NicAddress(f::kNicAll, 0), bytes(8, 12)),
+        packet(PacketType::WriteRequest, 1, f::kNicAll, f::NicAddress(f::kNicAll, 8), bytes(8, 13)),
+        packet(PacketType::WriteRequest, 2, f::kNicAll, f::NicAddress(f::kNicAll, 16), bytes(8, 14))});
+  Bytes cut = packet(PacketType::WriteRequest, 1, f::kNicAll, f::NicAddress(f::kNicAll, 64), bytes(64, 15));
+  cut.resize(sizeof(em::PacketHeader) + 10);
+  seed("closed_mid_payload", 0, 0, {write, cut});
+  seed("response_on_a_request_connection", 0, 0, {response(PacketType::Ack, 0, 0, {}), write});
+  seed("check_as_written", f::kNicRawCheck, 0, {write, read});
+
+  // Requester side: answers to the WQEs the harness posts (all eight unless the mask says otherwise).
+  const std::vector<Bytes> answers = {
+      response(PacketType::Ack, 0, 0, {}), response(PacketType::ReadResponse, 1, 0, bytes(48, 20)),
+      response(PacketType::AtomicResponse, 2, 0, {}, 0x0102030405060708ull),
+      response(PacketType::AtomicResponse, 3, 0, {}, 0x2222), response(PacketType::Ack, 4, 0, {}),
+      response(PacketType::ReadResponse, 5, 0, {}), response(PacketType::Ack, 6, 0, {}),
+      response(PacketType::ReadResponse, 7, 0, bytes(100, 21))};
+  seed("answers", f::kNicRequester, 0, answers);
+  seed("answers_psn_wrap", f::kNicRequester | f::kNicWrapPsn, 0, answers);
+  seed("answers_reversed", f::kNicRequester, 0, std::vector<Bytes>(answers.rbegin(), answers.rend()));
+  std::vector<Bytes> nakFirst = answers;
+  nakFirst[0] = response(PacketType::Ack, 0, mori::rdma::mlx5::kSyndromeRemoteAccessErr, {});
+  seed("answers_nak_first", f::kNicRequester, 0, nakFirst);
+  seed("read_answered_short", f::kNicRequester, 1u << f::kNicRead, {response(PacketType::ReadResponse, 0, 0, bytes(20, 22))});
+  seed("read_answered_with_ack", f::kNicRequester, 1u << f::kNicRead, {response(PacketType::Ack, 0, 0, {})});
+  seed("no_answer", f::kNicRequester, 0, {});
+  seed("request_on_a_requester_connection", f::kNicRequester, 0, {answers[0], write, answers[1]});
 }
 
 // fuzz_fd_channel: a byte of options (1: one descriptor; 4: claim the fuzzing process's pid), then what FdChannel::Send
@@ -450,5 +564,6 @@ int main(int argc, char** argv) {
   ShmemProxySeeds(argv[1]);
   PortChannelSeeds(argv[1]);
   TcpStreamSeeds(argv[1]);
+  EmulatedNicSeeds(argv[1]);
   return 0;
 }
