@@ -808,6 +808,43 @@ TEST_F(EmulatedNic, StrangersOnTheWireAreRefused) {
   EXPECT_EQ(Mismatch(dst, 64, dst.Bytes() - 64, 7, 70, 64), dst.Bytes() - 64);
 }
 
+// An atomic request whose opcode is neither fetch-add nor compare-swap is an invalid request, NAKed like a
+// misaligned one, and changes nothing (it ran as a compare-swap before; fuzz_emulated_nic found it). The request
+// comes from a raw connection greeted with A's nonce, with A's QP number and next PSN, so that only the opcode is
+// wrong; A's own atomic with that PSN runs afterwards.
+TEST_F(EmulatedNic, AnUnknownAtomicOpcodeIsAnInvalidRequest) {
+  Connect();
+  GpuBuffer& word = Alloc(64);
+  GpuBuffer& old = Alloc(8);
+  Fill(word, 8, 80);
+  RdmaMemoryRegion wordMr = b_->RegisterRdmaMemoryRegion(word.Data(), word.Bytes());
+  RdmaMemoryRegion oldMr = a_->RegisterRdmaMemoryRegion(old.Data(), old.Bytes());
+  UniqueFd fd = net::ConnectWithRetry(WireOf(epB_.handle), core::Deadline::After(10), "the emulated NIC");
+  SendPacket(fd.Get(), Hello(epB_.handle.wireNonce, epA_.handle.wireNonce));
+  for (uint8_t op : {uint8_t{2}, uint8_t{0x80}, uint8_t{0xff}}) {
+    emulated::PacketHeader h = Header(emulated::PacketType::AtomicRequest, epB_.handle.qpn);
+    h.srcQpn = epA_.handle.qpn;
+    h.psn = epA_.handle.psn;
+    h.rkey = wordMr.rkey;
+    h.raddr = wordMr.addr + 8;
+    h.atomicOp = op;
+    h.swapAdd = 0x1234;
+    h.compare = 0;
+    SendPacket(fd.Get(), h);
+    emulated::PacketHeader answer{};
+    net::RecvAll(fd.Get(), &answer, sizeof(answer), core::Deadline::After(10), "the emulated NIC");
+    EXPECT_EQ(answer.type, static_cast<uint8_t>(emulated::PacketType::Ack)) << "atomic op " << int(op);
+    EXPECT_EQ(answer.syndrome, kSyndromeRemoteInvalReqErr) << "atomic op " << int(op);
+    EXPECT_EQ(answer.psn, h.psn);
+  }
+  EXPECT_EQ(Mismatch(word, 0, word.Bytes(), 8, 80, 0), word.Bytes()) << "an unknown atomic changed memory";
+  // The refused requests did not take A's PSN: A's fetch-add with it runs.
+  OpResult r = RunOp(3, oldMr.addr, oldMr.lkey, wordMr.addr + 8, wordMr.rkey, 8, 1);
+  EXPECT_EQ(r.status, kCqeReq);
+  EXPECT_EQ(Mismatch(word, 0, 8, 8, 80, 0), 8u);
+  EXPECT_EQ(Mismatch(word, 16, word.Bytes() - 16, 8, 80, 16), word.Bytes() - 16);
+}
+
 // What comes back is checked against what was asked and against what is still registered: a read whose
 // destination is deregistered while it is in flight completes with a local protection error and writes nothing,
 // and so does an answer of the wrong kind (an ACK to a read). The peer is the test itself on a raw socket

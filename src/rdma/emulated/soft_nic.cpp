@@ -1040,7 +1040,10 @@ bool SoftNic::ExecuteInSequence(Qp& qp, Request& r, Clock::time_point now) {
       return true;
     }
     case PacketType::AtomicRequest: {
-      if (h.raddr % 8 != 0) {
+      // An opcode other than RC's two atomics is an invalid request, as misalignment is: never run as one of them.
+      const bool knownOp = h.atomicOp == static_cast<uint8_t>(AtomicOp::FetchAdd) ||
+                           h.atomicOp == static_cast<uint8_t>(AtomicOp::CompareSwap);
+      if (h.raddr % 8 != 0 || !knownOp) {
         Respond(link, h, PacketType::Ack, kSyndromeRemoteInvalReqErr, nullptr, 0);
         return true;
       }
