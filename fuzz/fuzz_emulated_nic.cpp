@@ -170,7 +170,8 @@ class Harness {
     for (size_t b = 0; b < kNicBuffers; ++b) {
       memory_.bytes[b].reset(new uint8_t[kSpecs[b].bytes]);  // exactly the registration: ASan sees a stray byte
       if (b < kNicRegions) {
-        memory_.keys[b] = nic_->RegisterRdmaMemoryRegion(memory_.bytes[b].get(), kSpecs[b].bytes, kSpecs[b].access).rkey;
+        memory_.keys[b] =
+            nic_->RegisterRdmaMemoryRegion(memory_.bytes[b].get(), kSpecs[b].bytes, kSpecs[b].access).rkey;
       }
     }
     // The harness's listener, at the NIC's own address (the address a QP connected to the harness's peer dials).
@@ -238,9 +239,7 @@ class Harness {
     return net::SocketAddress::FromWire(w);
   }
 
-  uint32_t Psn(uint32_t relative) const {
-    return (relative & ~kPsnMask) | ((relative + startPsn_) & kPsnMask);
-  }
+  uint32_t Psn(uint32_t relative) const { return (relative & ~kPsnMask) | ((relative + startPsn_) & kPsnMask); }
 
   // The input's packets with their fields made concrete (see the head of the file).
   std::vector<Packet> TakePackets(FuzzInput& in) {
@@ -299,8 +298,9 @@ class Harness {
         shutdown(fd, SHUT_WR);
         shut = true;
       }
-      MORI_FUZZ_ASSERT(!deadline.Expired(), "the NIC did not close the connection within %.0f s (%zu of %zu bytes "
-                       "sent)", kWaitS, sent, out.size());
+      MORI_FUZZ_ASSERT(!deadline.Expired(),
+                       "the NIC did not close the connection within %.0f s (%zu of %zu bytes sent)", kWaitS, sent,
+                       out.size());
       pollfd p{fd, static_cast<short>(POLLIN | (shut ? 0 : POLLOUT)), 0};
       if (poll(&p, 1, 10) <= 0) continue;
       if (!shut && (p.revents & POLLOUT)) {
@@ -361,7 +361,8 @@ class Harness {
       case em::PacketType::WriteRequest: {
         int b = memory_.Remote(r.rkey, r.raddr, payload.size(), mori::rdma::kRdmaAccessRemoteWrite);
         if (b < 0) return accessError;
-        std::copy(payload.begin(), payload.end(), memory_.shadow[b].begin() + static_cast<long>(r.raddr - memory_.Base(b)));
+        std::copy(payload.begin(), payload.end(),
+                  memory_.shadow[b].begin() + static_cast<long>(r.raddr - memory_.Base(b)));
         break;
       }
       case em::PacketType::ReadRequest: {
@@ -381,8 +382,8 @@ class Harness {
         uint8_t* word = memory_.shadow[b].data() + (r.raddr - memory_.Base(b));
         std::memcpy(&a.old, word, 8);
         uint64_t next = r.atomicOp == static_cast<uint8_t>(mori::rdma::AtomicOp::FetchAdd) ? a.old + r.swapAdd
-                        : a.old == r.compare                                              ? r.swapAdd
-                                                                                          : a.old;
+                        : a.old == r.compare                                               ? r.swapAdd
+                                                                                           : a.old;
         std::memcpy(word, &next, 8);
         a.type = em::PacketType::AtomicResponse;
         break;
@@ -418,7 +419,8 @@ class Harness {
       len = 8;
       b = memory_.Remote(r.rkey, r.raddr, len, mori::rdma::kRdmaAccessRemoteAtomic);
     } else if (r.type == static_cast<uint8_t>(em::PacketType::SendRequest)) {
-      for (const RecvSpec& buffer : kRecvs) memory_.Free(kNicLocal, memory_.Base(kNicLocal) + buffer.offset, buffer.capacity);
+      for (const RecvSpec& buffer : kRecvs)
+        memory_.Free(kNicLocal, memory_.Base(kNicLocal) + buffer.offset, buffer.capacity);
       return;
     }
     if (b >= 0) memory_.Free(b, r.raddr, len);
@@ -463,7 +465,8 @@ class Harness {
         cut = true;
         continue;
       }
-      if (em::IsRequest(p.h.type) && em::PacketCheckPasses(p.h, p.payload.data(), p.payload.size())) taken.push_back(&p);
+      if (em::IsRequest(p.h.type) && em::PacketCheckPasses(p.h, p.payload.data(), p.payload.size()))
+        taken.push_back(&p);
     }
 
     UniqueFd fd = net::ConnectWithRetry(nicAddr_, Deadline::After(kWaitS), "the emulated NIC");
@@ -483,8 +486,8 @@ class Harness {
       }
       const em::PacketHeader& got = answers[i].h;
       MORI_FUZZ_ASSERT(got.psn == r.psn && got.srcQpn == r.dstQpn && got.dstQpn == r.srcQpn,
-                       "response %zu (psn %u, QP %u to %u) does not answer request psn %u from QP %u to %u", i,
-                       got.psn, got.srcQpn, got.dstQpn, r.psn, r.srcQpn, r.dstQpn);
+                       "response %zu (psn %u, QP %u to %u) does not answer request psn %u from QP %u to %u", i, got.psn,
+                       got.srcQpn, got.dstQpn, r.psn, r.srcQpn, r.dstQpn);
       MORI_FUZZ_ASSERT(got.type == static_cast<uint8_t>(want.type) && got.syndrome == want.syndrome,
                        "request %zu (type %u, psn %u, rkey 0x%x, raddr 0x%llx, length %llu, atomic op %u) got type %u "
                        "syndrome 0x%x; an RC responder owes type %u syndrome 0x%x",
@@ -497,8 +500,10 @@ class Harness {
                        static_cast<unsigned long long>(got.swapAdd), static_cast<unsigned long long>(want.old));
     }
     // A connection that nothing ended took every request to its end: each has its answer.
-    MORI_FUZZ_ASSERT(cut || rnrWait || answers.size() == taken.size(), "%zu responses to %zu requests on a connection "
-                     "that only its peer closed", answers.size(), taken.size());
+    MORI_FUZZ_ASSERT(cut || rnrWait || answers.size() == taken.size(),
+                     "%zu responses to %zu requests on a connection "
+                     "that only its peer closed",
+                     answers.size(), taken.size());
     memory_.Check("responder");
     CheckReceives(answers.size() == taken.size());
   }
@@ -521,12 +526,14 @@ class Harness {
       MORI_FUZZ_ASSERT(got[i].isReceive && got[i].wrId == 100 + i, "completion %zu: receive %d, id %llu", i,
                        got[i].isReceive, static_cast<unsigned long long>(got[i].wrId));
       if (i < sendBytes_.size()) {
-        MORI_FUZZ_ASSERT(got[i].status == 0 && got[i].bytes == sendBytes_[i], "receive %zu: status 0x%x, %u bytes; "
-                         "the send delivered %u", i, got[i].status, got[i].bytes, sendBytes_[i]);
+        MORI_FUZZ_ASSERT(got[i].status == 0 && got[i].bytes == sendBytes_[i],
+                         "receive %zu: status 0x%x, %u bytes; "
+                         "the send delivered %u",
+                         i, got[i].status, got[i].bytes, sendBytes_[i]);
       } else if (everyAnswer) {
-        MORI_FUZZ_ASSERT(got[i].status == (i == sendBytes_.size() ? mlx5::kSyndromeLocalLengthErr
-                                                                  : mlx5::kSyndromeWrFlushErr),
-                         "receive %zu after the failed one: status 0x%x", i, got[i].status);
+        MORI_FUZZ_ASSERT(
+            got[i].status == (i == sendBytes_.size() ? mlx5::kSyndromeLocalLengthErr : mlx5::kSyndromeWrFlushErr),
+            "receive %zu after the failed one: status 0x%x", i, got[i].status);
       }
     }
   }
@@ -633,9 +640,9 @@ class Harness {
     const Deadline deadline = Deadline::After(kWaitS);
     em::PacketHeader hello{};
     net::RecvAll(fd, &hello, sizeof(hello), deadline, "the emulated NIC");
-    MORI_FUZZ_ASSERT(em::HelloAdmits(hello, kPeerNonce) && hello.swapAdd == nicNonce_ &&
-                         em::PacketCheckPasses(hello, nullptr, 0),
-                     "the NIC's hello (type %u) names other nonces or fails its check", hello.type);
+    MORI_FUZZ_ASSERT(
+        em::HelloAdmits(hello, kPeerNonce) && hello.swapAdd == nicNonce_ && em::PacketCheckPasses(hello, nullptr, 0),
+        "the NIC's hello (type %u) names other nonces or fails its check", hello.type);
     for (size_t i = 0; i < wqes.size(); ++i) {
       const WqeSpec& s = *wqes[i];
       em::PacketHeader h{};
@@ -677,7 +684,7 @@ class Harness {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  setenv("MORI_TIMEOUT_S", "5", 1);  // the NIC's ack timer and every wait of the library: bounded and short
+  setenv("MORI_TIMEOUT_S", "5", 1);      // the NIC's ack timer and every wait of the library: bounded and short
   setenv("MORI_LOG_LEVEL", "error", 1);  // refused connections and requests would log warnings
   return 0;
 }
