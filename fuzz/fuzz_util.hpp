@@ -24,6 +24,7 @@ constexpr uint8_t kRealNonce = 1 << 4;   // the stranger's hello carries the lis
 constexpr uint8_t kDeviceRead = 1 << 5;  // the link's read lands in (emulated) device memory
 constexpr uint8_t kReset = 1 << 6;       // the peer ends with a reset (SO_LINGER 0), not an orderly close
 }  // namespace tcp_stream
+
 // fuzz_emulated_nic's input encoding, shared with the seed writer. The first byte holds these options, the second
 // chooses the WQEs a requester-side input posts (bit i: kNicWqe i; 0: all of them); packets follow.
 constexpr uint8_t kNicRequester = 1;    // answer the NIC's requests (else: send it requests)
