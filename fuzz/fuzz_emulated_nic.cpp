@@ -65,6 +65,15 @@ constexpr uint32_t kWrapStartPsn = 0xfffffe;
 constexpr uint32_t kPsnMask = 0xffffff;
 constexpr double kWaitS = 4;  // below MORI_TIMEOUT_S: the NIC's ack timer never fires inside an input
 
+// What a requester's WQE completes with when its response is a NAK of `wire`: RC requesters report only the
+// responder's error classes (invalid request, remote access, remote operation, RNR retries exceeded); any other
+// code is a bad response.
+uint8_t NakStatus(uint8_t wire) {
+  const bool remote = wire == mlx5::kSyndromeRemoteInvalReqErr || wire == mlx5::kSyndromeRemoteAccessErr ||
+                      wire == mlx5::kSyndromeRemoteOpErr || wire == mlx5::kSyndromeRnrRetryExcErr;
+  return remote ? wire : uint8_t{mlx5::kSyndromeBadRespErr};
+}
+
 struct BufferSpec {
   size_t bytes;
   uint32_t access;  // of its registration
@@ -606,7 +615,7 @@ class Harness {
       const Packet* r = matched[i];
       uint8_t status = mlx5::kSyndromeTransportRetryExcErr;
       if (r != nullptr) {
-        status = r->h.syndrome != 0 ? r->h.syndrome
+        status = r->h.syndrome != 0 ? NakStatus(r->h.syndrome)
                  : r->h.type != static_cast<uint8_t>(s.response) ||
                          (s.response == em::PacketType::ReadResponse && r->payload.size() != s.bytes)
                      ? uint8_t{mlx5::kSyndromeBadRespErr}

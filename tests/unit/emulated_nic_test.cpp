@@ -915,6 +915,27 @@ TEST_F(EmulatedNic, ResponsesAreCheckedAgainstTheRequestAndTheRegistration) {
   answer(peer.Get(), request, emulated::PacketType::Ack);
   EXPECT_EQ(completion(second), kSyndromeBadRespErr);
   EXPECT_EQ(Mismatch(dst, 0, dst.Bytes(), 9, 90, 0), dst.Bytes());
+
+  // A NAK completes its request with the responder's error only where RC has one for a requester; a code that
+  // would pass for a local error or a flush is a bad response.
+  for (const auto& [wire, want] : {std::pair<uint8_t, uint8_t>{kSyndromeRemoteAccessErr, kSyndromeRemoteAccessErr},
+                                   {kSyndromeRnrRetryExcErr, kSyndromeRnrRetryExcErr},
+                                   {kSyndromeWrFlushErr, kSyndromeBadRespErr},
+                                   {kSyndromeLocalProtErr, kSyndromeBadRespErr},
+                                   {0x7f, kSyndromeBadRespErr}}) {
+    RdmaEndpoint ep = a_->CreateRdmaEndpoint(RdmaEndpointConfig());
+    a_->ConnectEndpoint(ep.handle, fake);
+    postRead(ep, mr);
+    net::RecvAll(peer.Get(), &request, sizeof(request), core::Deadline::After(10), "NIC A");
+    ASSERT_EQ(request.type, static_cast<uint8_t>(emulated::PacketType::ReadRequest));
+    emulated::PacketHeader nak = Header(emulated::PacketType::Ack, request.srcQpn);
+    nak.srcQpn = request.dstQpn;
+    nak.psn = request.psn;
+    nak.syndrome = wire;
+    SendPacket(peer.Get(), nak, {});
+    EXPECT_EQ(completion(ep), want) << "a NAK of 0x" << std::hex << unsigned{wire};
+    EXPECT_EQ(Mismatch(dst, 0, dst.Bytes(), 9, 90, 0), dst.Bytes());
+  }
 }
 
 // RC's ack timer. A peer that takes requests and never answers (its NIC stopped or stuck while its kernel keeps the

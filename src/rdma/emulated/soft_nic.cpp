@@ -93,6 +93,21 @@ size_t NonFramingByte(size_t k) {
   return k < kLengthAt ? k : k + sizeof(uint64_t);
 }
 
+// The completion a NAK gives its request: the responder's errors that RC reports to a requester (invalid request,
+// access, operation, receiver not ready) as they came; any other code off the wire is a bad response, so a peer
+// cannot make this side report a local error or a flush (which would not even stop the queue).
+uint8_t NakSyndrome(uint8_t wire) {
+  switch (wire) {
+    case kSyndromeRemoteInvalReqErr:
+    case kSyndromeRemoteAccessErr:
+    case kSyndromeRemoteOpErr:
+    case kSyndromeRnrRetryExcErr:
+      return wire;
+    default:
+      return kSyndromeBadRespErr;
+  }
+}
+
 }  // namespace
 
 uint64_t PacketCheck(const PacketHeader& h, const void* payload, size_t bytes) {
@@ -903,7 +918,7 @@ void SoftNic::OnResponse(Qp& qp, const PacketHeader& h, std::vector<uint8_t>& pa
     f.done = true;
     qp.lastResponse = Clock::now();
     if (h.syndrome != 0) {
-      f.syndrome = h.syndrome;
+      f.syndrome = NakSyndrome(h.syndrome);
       qp.blocked = true;  // send nothing more: the QP is about to enter the error state
       return;
     }
