@@ -3,6 +3,7 @@
 // EncodeHandle and frames from MakeFrame, emulated NIC headers from MakePacketHeader, SHMEM proxy requests from
 // EncodeProxyHeader and ProxyPayload, TCP frame streams from MakeFrame with the fields TcpLink's sender sets.
 // EncodeProxyHeader and ProxyPayload, emulated NIC packet streams from MakePacketHeader and PacketCheck.
+// EncodeProxyHeader and ProxyPayload, bootstrap streams from bootstrap_wire::MakeHeader and SocketAddress::ToWire.
 // Usage: fuzz_seed_corpus DIR (scripts/fuzz.sh does not run it; the corpora are kept in the tree).
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -13,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -551,12 +553,148 @@ void TcpStreamSeeds(const std::string& dir) {
   }
 }
 
+// fuzz_bootstrap_stream: an options byte, then either the root's reply to a registration (tables with the real
+// rank's entry patched in by the target, the root's two kinds of abort) or, in the data phase, a script of ops and
+// the frames the other ranks send, as records (a frame may be split over records, records of peers interleave).
+namespace bootstrap_stream_seeds {
+
+namespace bs = mori::fuzz::bootstrap_stream;
+using mori::core::net::SocketAddress;
+using mori::core::net::WireAddress;
+
+Bytes Frame(bw::FrameType type, int srcRank, int tag, const Bytes& payload) {
+  Bytes b;
+  Append(b, bw::MakeHeader(type, srcRank, tag, payload.size()));
+  b.insert(b.end(), payload.begin(), payload.end());
+  return b;
+}
+
+Bytes Payload(size_t n, uint8_t seed) {
+  Bytes b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint8_t>(seed + i * 3);
+  return b;
+}
+
+// World size and the real rank (1 + choice % (world - 1)) as the options byte holds them.
+uint8_t Options(int world, int rankChoice, uint8_t flags) {
+  return static_cast<uint8_t>((world - 2) | (rankChoice << bs::kRankShift) | flags);
+}
+
+Bytes Table(int world, const char* host) {
+  std::vector<WireAddress> table;
+  for (int r = 0; r < world; ++r) {
+    table.push_back(SocketAddress::Parse(std::string(host) + ":" + std::to_string(29500 + r)).ToWire());
+  }
+  Bytes b;
+  Append(b, bw::MakeHeader(bw::FrameType::Table, 0, 0, table.size() * sizeof(WireAddress)));
+  for (const WireAddress& w : table) Append(b, w);
+  return b;
+}
+
+void AppendOp(Bytes& b, bs::OpKind kind, uint8_t peer, uint16_t bytes, int32_t tag) {
+  Append(b, bs::OpSpec{static_cast<uint8_t>(kind), peer, bytes, tag});
+}
+
+void AppendRecord(Bytes& b, uint8_t peerIndex, const Bytes& bytes) {
+  Append(b, bs::RecordHeader{peerIndex, {static_cast<uint8_t>(bytes.size()), static_cast<uint8_t>(bytes.size() >> 8)}});
+  b.insert(b.end(), bytes.begin(), bytes.end());
+}
+
+void Seeds(const std::string& dir) {
+  const std::string target = "fuzz_bootstrap_stream";
+  for (int world : {2, 4, 5}) {
+    Bytes b{Options(world, 0, bs::kPatchOwnEntry)};
+    Bytes t = Table(world, "127.0.0.1");
+    b.insert(b.end(), t.begin(), t.end());
+    Write(dir, target, "table_ipv4_world" + std::to_string(world), b);
+  }
+  Bytes v6{Options(3, 1, bs::kPatchOwnEntry)};
+  Bytes t6 = Table(3, "[::1]");
+  v6.insert(v6.end(), t6.begin(), t6.end());
+  Write(dir, target, "table_ipv6_world3", v6);
+
+  // The reasons the root sends (socket_bootstrap.cpp's texts).
+  const std::string job =
+      "bootstrap root (rank 0 at 127.0.0.1:29500) waited 2 s; rank(s) 3 of 4 never registered (not started, "
+      "crashed, or given another root address?)";
+  const std::string refused =
+      "its job nonce is not the root's: the ranks were given different MORI_BOOTSTRAP_SECRET values (or it is set "
+      "on some of them only), or this process belongs to another job";
+  for (auto [tag, reason, name] : {std::make_tuple(bw::kAbortJob, job, "abort_job"),
+                                   std::make_tuple(bw::kAbortHelloRefused, refused, "abort_hello_refused")}) {
+    Bytes b{Options(4, 1, 0)};
+    Bytes f = Frame(bw::FrameType::Abort, 0, tag, Bytes(reason.begin(), reason.end()));
+    b.insert(b.end(), f.begin(), f.end());
+    Write(dir, target, name, b);
+  }
+
+  // Data phase. World 2, rank 1: the one other rank is 0 (peer index 0).
+  {
+    Bytes b{Options(2, 0, bs::kDataPhase), 1};
+    AppendOp(b, bs::OpKind::Recv, 0, 16, 3);
+    AppendRecord(b, 0, Frame(bw::FrameType::Data, 0, 3, Payload(16, 0x40)));
+    Write(dir, target, "data_recv", b);
+  }
+  {
+    Bytes b{Options(2, 0, bs::kDataPhase), 1};
+    AppendOp(b, bs::OpKind::RecvBytes, 0, 0, 5);
+    Bytes length;
+    Append(length, uint64_t{10});
+    AppendRecord(b, 0, Frame(bw::FrameType::Data, 0, 5, length));
+    AppendRecord(b, 0, Frame(bw::FrameType::Data, 0, 5, Payload(10, 0x50)));
+    Write(dir, target, "data_recv_bytes", b);
+  }
+  {
+    Bytes b{Options(2, 0, bs::kDataPhase), 1};
+    AppendOp(b, bs::OpKind::Broadcast, 0, 24, 0);
+    AppendRecord(b, 0, Frame(bw::FrameType::Collective, 0, 0, Payload(24, 0x60)));
+    Write(dir, target, "collective_broadcast", b);
+  }
+  // World 3, rank 1: peers 0 and 2 (indices 0 and 1); the ring's previous rank is 0.
+  {
+    Bytes b{Options(3, 0, bs::kDataPhase), 1};
+    AppendOp(b, bs::OpKind::AllGather, 0, 8, 0);
+    AppendRecord(b, 0, Frame(bw::FrameType::Collective, 0, 0, Payload(8, 0x70)));
+    AppendRecord(b, 0, Frame(bw::FrameType::Collective, 0, 0, Payload(8, 0x78)));
+    Write(dir, target, "collective_allgather", b);
+  }
+  // World 4, rank 1: the barrier hears from ranks 0 and 3 (indices 0 and 2).
+  {
+    Bytes b{Options(4, 0, bs::kDataPhase), 1};
+    AppendOp(b, bs::OpKind::Barrier, 0, 0, 0);
+    AppendRecord(b, 0, Frame(bw::FrameType::Collective, 0, 0, Bytes{1}));
+    AppendRecord(b, 2, Frame(bw::FrameType::Collective, 3, 0, Bytes{1}));
+    Write(dir, target, "collective_barrier", b);
+  }
+  // A sequence, world 3, rank 1: Recv from 2, AllGather (seq 0), Broadcast from 2 (seq 1), Barrier (seq 2, tokens from
+  // 0 and 2); frames of the two peers interleaved, one split over two records.
+  {
+    Bytes b{Options(3, 0, bs::kDataPhase), 4};
+    AppendOp(b, bs::OpKind::Recv, 1, 12, 9);
+    AppendOp(b, bs::OpKind::AllGather, 0, 4, 0);
+    AppendOp(b, bs::OpKind::Broadcast, 2, 32, 0);
+    AppendOp(b, bs::OpKind::Barrier, 0, 0, 0);
+    Bytes recv = Frame(bw::FrameType::Data, 2, 9, Payload(12, 0x11));
+    AppendRecord(b, 1, Bytes(recv.begin(), recv.begin() + 10));
+    AppendRecord(b, 0, Frame(bw::FrameType::Collective, 0, 0, Payload(4, 0x22)));
+    AppendRecord(b, 1, Bytes(recv.begin() + 10, recv.end()));
+    AppendRecord(b, 0, Frame(bw::FrameType::Collective, 0, 0, Payload(4, 0x33)));
+    AppendRecord(b, 1, Frame(bw::FrameType::Collective, 2, 1, Payload(32, 0x44)));
+    AppendRecord(b, 0, Frame(bw::FrameType::Collective, 0, 2, Bytes{1}));
+    AppendRecord(b, 1, Frame(bw::FrameType::Collective, 2, 2, Bytes{1}));
+    Write(dir, target, "sequence_world3", b);
+  }
+}
+
+}  // namespace bootstrap_stream_seeds
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     std::fprintf(stderr, "usage: %s CORPUS_DIR (with a directory per target)\n", argv[0]);
     return 2;
   }
   BootstrapSeeds(argv[1]);
+  stream::Seeds(argv[1]);
   RegisteredMemorySeeds(argv[1]);
   TcpSeeds(argv[1]);
   EmulatedSeeds(argv[1]);
@@ -565,5 +703,6 @@ int main(int argc, char** argv) {
   PortChannelSeeds(argv[1]);
   TcpStreamSeeds(argv[1]);
   EmulatedNicSeeds(argv[1]);
+  bootstrap_stream_seeds::Seeds(argv[1]);
   return 0;
 }

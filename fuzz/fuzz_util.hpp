@@ -44,6 +44,31 @@ constexpr uint64_t NicAddress(NicBuffer b, int32_t offset) {
 enum NicWqe : uint8_t { kNicWrite, kNicRead, kNicFetchAdd, kNicCompareSwap, kNicSend, kNicReadEmpty, kNicWriteInline,
                         kNicReadLong, kNicWqes };
 
+// fuzz_bootstrap_stream's input (its seeds are written by fuzz_seed_corpus): an options byte, then in the data
+// phase an op count, the ops and the records that go to the peers' connections.
+namespace bootstrap_stream {
+constexpr uint8_t kWorldMask = 0x03;  // world size 2 + (options & 3)
+constexpr int kRankShift = 2;         // the real rank: 1 + ((options >> 2) & 7) % (world - 1)
+constexpr uint8_t kDataPhase = 0x20;  // 0: the rest is the root's reply; 1: a good table, then records
+// Reply phase: the table's entry of the real rank is overwritten with the address it registered (an ephemeral
+// port, which no stored input can know), where the reply is long enough to hold it.
+constexpr uint8_t kPatchOwnEntry = 0x40;
+constexpr int kMaxOps = 4;  // op count: its byte % (kMaxOps + 1)
+enum class OpKind : uint8_t { Recv, RecvBytes, AllGather, Broadcast, Barrier, kCount };
+struct OpSpec {
+  uint8_t kind;    // OpKind, modulo kCount
+  uint8_t peer;    // index among the other ranks (Recv, RecvBytes), or the broadcast root's rank modulo the world
+  uint16_t bytes;  // Recv and Broadcast: & 0xfff; AllGather: & 0xff per rank
+  int32_t tag;     // Recv and RecvBytes: & 0xf
+};
+static_assert(sizeof(OpSpec) == 8, "OpSpec is 8 input bytes");
+struct RecordHeader {
+  uint8_t peer;       // index among the other ranks, modulo their count
+  uint8_t length[2];  // little-endian byte count that follows (cut at the input's end)
+};
+static_assert(sizeof(RecordHeader) == 3, "RecordHeader is 3 input bytes");
+}  // namespace bootstrap_stream
+
 // Reads the input front to back; what runs past the end reads as zero bytes, so every input is usable.
 class FuzzInput {
  public:
@@ -59,6 +84,7 @@ class FuzzInput {
     offset_ += n;
     return value;
   }
+  void Skip(size_t n) { offset_ += n < Left() ? n : Left(); }
   size_t Left() const { return size_ - offset_; }
   const uint8_t* Rest() const { return data_ + offset_; }
 

@@ -10,8 +10,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
 dir=${2:-build-fuzz}
-targets=(fuzz_bootstrap_id fuzz_registered_memory fuzz_tcp_wire fuzz_tcp_stream fuzz_emulated_wire fuzz_emulated_nic
-         fuzz_fd_channel fuzz_shmem_proxy fuzz_port_channel)
+targets=(fuzz_bootstrap_id fuzz_bootstrap_stream fuzz_registered_memory fuzz_tcp_wire fuzz_tcp_stream
+         fuzz_emulated_wire fuzz_emulated_nic fuzz_fd_channel fuzz_shmem_proxy fuzz_port_channel)
 
 cxx=$(command -v clang++-14 || command -v clang++ || true)
 cc=$(command -v clang-14 || command -v clang || true)

@@ -63,6 +63,9 @@ struct UniqueIdLayout {
 };
 static_assert(sizeof(UniqueIdLayout) == 128, "the unique id layout fills 128 bytes");
 
+// The header of a frame this build sends.
+FrameHeader MakeHeader(FrameType type, int srcRank, int tag, uint64_t length);
+
 // Empty when `h` is a well-formed header of this protocol version, else the reason it is not.
 std::string CheckHeader(const FrameHeader& h);
 

@@ -86,6 +86,17 @@ uint64_t AddressNonce(const std::string& rootAddress, const std::string& secret)
   return SipHash24(key, message.data(), message.size());
 }
 
+FrameHeader MakeHeader(FrameType type, int srcRank, int tag, uint64_t length) {
+  FrameHeader h;
+  h.magic = kFrameMagic;
+  h.version = kVersion;
+  h.type = static_cast<uint16_t>(type);
+  h.srcRank = srcRank;
+  h.tag = tag;
+  h.length = length;
+  return h;
+}
+
 const char* FrameTypeName(uint16_t type) {
   switch (static_cast<FrameType>(type)) {
     case FrameType::Hello: return "hello";
@@ -105,6 +116,7 @@ using bootstrap_wire::FrameHeader;
 using bootstrap_wire::FrameType;
 using bootstrap_wire::HelloPayload;
 using bootstrap_wire::HelloPurpose;
+using bootstrap_wire::MakeHeader;
 using bootstrap_wire::UniqueIdLayout;
 
 // How long a peer's address may refuse connections before the peer is taken for dead. Every peer listened before
@@ -159,17 +171,6 @@ std::map<uint64_t, UniqueFd>& PendingListeners() {
 std::deque<uint64_t>& PendingOrder() {  // nonces in creation order (some may be gone from the map already)
   static std::deque<uint64_t>* d = new std::deque<uint64_t>();
   return *d;
-}
-
-FrameHeader MakeHeader(FrameType type, int srcRank, int tag, uint64_t length) {
-  FrameHeader h;
-  h.magic = bootstrap_wire::kFrameMagic;
-  h.version = bootstrap_wire::kVersion;
-  h.type = static_cast<uint16_t>(type);
-  h.srcRank = srcRank;
-  h.tag = tag;
-  h.length = length;
-  return h;
 }
 
 std::string RankName(int rank) { return StrFormat("rank %d", rank); }
