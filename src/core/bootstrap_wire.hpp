@@ -74,6 +74,14 @@ std::string CheckHello(const HelloPayload& hello, uint64_t nonce, int nRanks);
 
 const char* FrameTypeName(uint16_t type);
 
+// An abort's reason is read up to this many bytes, and shown in at most this many characters.
+constexpr size_t kMaxAbortReason = 4096;
+
+// The reason text of an abort (`raw`, the first bytes of `announced`) as an error message may carry it: printable
+// ASCII stays, any other byte and the backslash become \xNN (a peer's bytes must not drive the terminal that
+// shows the error), cut at kMaxAbortReason characters and saying how many bytes are left out.
+std::string PrintableReason(const std::string& raw, uint64_t announced);
+
 // The nonce of a job whose ranks all know only the root's address ("ip:port" as SocketAddress::ToString writes
 // it). Without a secret anyone who knows the address can compute it. With one it is a keyed hash of the address
 // that nobody without the secret can compute, even from other jobs' nonces; the secret itself never travels.

@@ -86,6 +86,25 @@ uint64_t AddressNonce(const std::string& rootAddress, const std::string& secret)
   return SipHash24(key, message.data(), message.size());
 }
 
+std::string PrintableReason(const std::string& raw, uint64_t announced) {
+  std::string shown;
+  size_t used = 0;
+  for (; used < raw.size(); ++used) {
+    const auto c = static_cast<uint8_t>(raw[used]);
+    const bool plain = c >= 0x20 && c < 0x7f && c != '\\';
+    if (shown.size() + (plain ? 1 : 4) > kMaxAbortReason) break;
+    if (plain) {
+      shown += static_cast<char>(c);
+    } else {
+      shown += StrFormat("\\x%02x", c);
+    }
+  }
+  if (used < announced) {
+    shown += StrFormat(" [%llu more bytes not shown]", static_cast<unsigned long long>(announced - used));
+  }
+  return shown;
+}
+
 FrameHeader MakeHeader(FrameType type, int srcRank, int tag, uint64_t length) {
   FrameHeader h;
   h.magic = kFrameMagic;
@@ -450,8 +469,9 @@ class SocketBootstrap::Impl {
     MORI_CHECK(bad.empty(), ErrorCode::Protocol, "rank %d: malformed reply from %s: %s", rank_, rootName.c_str(),
                bad.c_str());
     if (reply.type == static_cast<uint16_t>(FrameType::Abort)) {
-      std::string reason(std::min<uint64_t>(reply.length, 4096), '\0');
-      net::RecvAll(conn.Get(), reason.data(), reason.size(), deadline, rootName);
+      std::string raw(std::min<uint64_t>(reply.length, bootstrap_wire::kMaxAbortReason), '\0');
+      net::RecvAll(conn.Get(), raw.data(), raw.size(), deadline, rootName);
+      const std::string reason = bootstrap_wire::PrintableReason(raw, reply.length);
       if (reply.tag == bootstrap_wire::kAbortHelloRefused) {
         throw Error(ErrorCode::RemoteFailure, StrFormat("rank %d: %s refused this rank's hello and closed the "
                                                         "connection: %s",

@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <functional>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "../common/test_util.hpp"
@@ -12,6 +15,8 @@
 #include "socket.hpp"
 #include "mori/core/bootstrap.hpp"
 #include "mori/core/errors.hpp"
+#include "mori/core/timeout.hpp"
+#include "mori/core/unique_fd.hpp"
 
 namespace mori::core::bootstrap_wire {
 namespace {
@@ -64,6 +69,76 @@ TEST(BootstrapWire, HelloChecksJobAndWorld) {
   hello.rank = 1;
   hello.purpose = 9;
   EXPECT_NE(CheckHello(hello, 42, 4).find("purpose"), std::string::npos);
+}
+
+TEST(BootstrapWire, AbortReasonsAreShownPrintableAndBounded) {
+  const std::string hostile("\x1b[2J\r\nroot \\ says\0!", 19);
+  EXPECT_EQ(PrintableReason(hostile, hostile.size()), "\\x1b[2J\\x0d\\x0aroot \\x5c says\\x00!");
+  EXPECT_EQ(PrintableReason("cut", 10), "cut [7 more bytes not shown]");
+  // Escaping 4096 bytes would take 16 KiB: the text stops at the bound and says how much is left out.
+  const std::string bells(kMaxAbortReason, '\a');
+  const std::string shown = PrintableReason(bells, bells.size());
+  const std::string tail = " [" + std::to_string(kMaxAbortReason - kMaxAbortReason / 4) + " more bytes not shown]";
+  ASSERT_GE(shown.size(), tail.size());
+  EXPECT_EQ(shown.size(), kMaxAbortReason + tail.size());
+  EXPECT_EQ(shown.substr(shown.size() - tail.size()), tail);
+  for (char c : shown) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << static_cast<int>(c);
+}
+
+// A root played by the test: rank `rank` of `nRanks` registers with it in a thread, and gets `reply(hello)` as
+// the answer (then the end of the connection). Returns "" when Initialize succeeded, else its error's text.
+std::string RegisterAgainst(int rank, int nRanks, const std::function<std::vector<uint8_t>(const HelloPayload&)>& reply,
+                            ErrorCode* code = nullptr) {
+  net::SocketAddress rootAddr = net::SocketAddress::Parse("127.0.0.1:0");
+  UniqueFd listener = net::Listen(rootAddr);
+  const UniqueId id = SocketBootstrap::UniqueIdFromAddress(rootAddr.ToString());
+  std::string error;
+  std::thread rankThread([&] {
+    try {
+      SocketBootstrap b(rank, nRanks);
+      b.Initialize(id, 5);
+    } catch (const Error& e) {
+      error = e.what();
+      if (code != nullptr) *code = e.Code();
+    }
+  });
+  const Deadline deadline = Deadline::After(5);
+  UniqueFd conn = net::AcceptOne(listener.Get(), deadline);
+  EXPECT_TRUE(conn) << "the rank never registered";
+  if (conn) {
+    FrameHeader h;
+    HelloPayload hello;
+    net::RecvAll(conn.Get(), &h, sizeof(h), deadline, "the rank");
+    net::RecvAll(conn.Get(), &hello, sizeof(hello), deadline, "the rank");
+    const std::vector<uint8_t> bytes = reply(hello);
+    net::SendAll(conn.Get(), bytes.data(), bytes.size(), deadline, "the rank");
+    shutdown(conn.Get(), SHUT_WR);
+  }
+  rankThread.join();
+  return error;
+}
+
+std::vector<uint8_t> Frame(FrameType type, int tag, const void* payload, size_t bytes) {
+  const FrameHeader h = MakeHeader(type, 0, tag, bytes);
+  std::vector<uint8_t> b(sizeof(h) + bytes);
+  std::memcpy(b.data(), &h, sizeof(h));
+  if (bytes > 0) std::memcpy(b.data() + sizeof(h), payload, bytes);
+  return b;
+}
+
+// fuzz_bootstrap_stream's first finding: the root's abort reason went into the rank's error text byte for byte,
+// terminal escapes and line breaks included.
+TEST(BootstrapRegistration, TheRootsAbortReasonIsReportedEscaped) {
+  const std::string reason("\x1b]0;owned\x07\r\nrank 3 never came\0", 30);
+  ErrorCode code = ErrorCode::Internal;
+  const std::string error = RegisterAgainst(
+      1, 4, [&](const HelloPayload&) { return Frame(FrameType::Abort, kAbortJob, reason.data(), reason.size()); },
+      &code);
+  EXPECT_EQ(code, ErrorCode::RemoteFailure);
+  EXPECT_NE(error.find("the bootstrap root refused the job: \\x1b]0;owned\\x07\\x0d\\x0arank 3 never came\\x00"),
+            std::string::npos)
+      << error;
+  for (char c : error) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "byte " << static_cast<int>(c) << " in: " << error;
 }
 
 TEST(UniqueIdTest, CarriesTheRootAddress) {
