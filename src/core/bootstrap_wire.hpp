@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "socket.hpp"
 
@@ -73,6 +74,12 @@ std::string CheckHeader(const FrameHeader& h);
 std::string CheckHello(const HelloPayload& hello, uint64_t nonce, int nRanks);
 
 const char* FrameTypeName(uint16_t type);
+
+// Empty when `table`, received from the root, could be the table it sends: an entry per rank, each a concrete
+// address (IPv4 or IPv6, not the unspecified one) with a port, in the form ToWire writes (an IPv4 entry's other
+// address bytes and scope zero), and this rank's entry the address it registered; else the reason.
+std::string CheckTable(const std::vector<net::WireAddress>& table, int nRanks, int self,
+                       const net::WireAddress& registered);
 
 // An abort's reason is read up to this many bytes, and shown in at most this many characters.
 constexpr size_t kMaxAbortReason = 4096;

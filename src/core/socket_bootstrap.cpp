@@ -86,6 +86,34 @@ uint64_t AddressNonce(const std::string& rootAddress, const std::string& secret)
   return SipHash24(key, message.data(), message.size());
 }
 
+std::string CheckTable(const std::vector<net::WireAddress>& table, int nRanks, int self,
+                       const net::WireAddress& registered) {
+  if (table.size() != static_cast<size_t>(nRanks)) {
+    return StrFormat("%zu entries for a world of %d ranks", table.size(), nRanks);
+  }
+  for (size_t r = 0; r < table.size(); ++r) {
+    const net::WireAddress& w = table[r];
+    if (w.family != AF_INET && w.family != AF_INET6) {
+      return StrFormat("rank %zu's entry has address family %u", r, static_cast<unsigned>(w.family));
+    }
+    const size_t addrBytes = w.family == AF_INET ? 4 : sizeof(w.addr);
+    const auto zero = [](const uint8_t* p, size_t n) {
+      return std::all_of(p, p + n, [](uint8_t b) { return b == 0; });
+    };
+    if (w.family == AF_INET && (!zero(w.addr + 4, sizeof(w.addr) - 4) || w.scopeId != 0)) {
+      return StrFormat("rank %zu's IPv4 entry has bytes beyond its address", r);
+    }
+    if (zero(w.addr, addrBytes)) return StrFormat("rank %zu's entry is the unspecified address", r);
+    if (w.port == 0) return StrFormat("rank %zu's entry has port 0", r);
+  }
+  if (std::memcmp(&table[static_cast<size_t>(self)], &registered, sizeof(registered)) != 0) {
+    return StrFormat("this rank's entry is %s, but it registered %s",
+                     net::SocketAddress::FromWire(table[static_cast<size_t>(self)]).ToString().c_str(),
+                     net::SocketAddress::FromWire(registered).ToString().c_str());
+  }
+  return "";
+}
+
 std::string PrintableReason(const std::string& raw, uint64_t announced) {
   std::string shown;
   size_t used = 0;
@@ -486,7 +514,9 @@ class SocketBootstrap::Impl {
                rank_, rootName.c_str(), bootstrap_wire::FrameTypeName(reply.type),
                static_cast<unsigned long long>(reply.length));
     net::RecvAll(conn.Get(), peerAddrs_.data(), reply.length, deadline, rootName);
-    for (int r = 0; r < nRanks_; ++r) net::SocketAddress::FromWire(peerAddrs_[static_cast<size_t>(r)]);  // validates
+    bad = bootstrap_wire::CheckTable(peerAddrs_, nRanks_, rank_, listenAddr_.ToWire());
+    MORI_CHECK(bad.empty(), ErrorCode::Protocol, "rank %d: %s sent an address table that is not the root's: %s",
+               rank_, rootName.c_str(), bad.c_str());
   }
 
   HelloPayload MakeHello(HelloPurpose purpose) const {

@@ -85,6 +85,37 @@ TEST(BootstrapWire, AbortReasonsAreShownPrintableAndBounded) {
   for (char c : shown) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << static_cast<int>(c);
 }
 
+net::WireAddress Wire(const std::string& hostPort) { return net::SocketAddress::Parse(hostPort).ToWire(); }
+
+TEST(BootstrapWire, TablesNameConcreteAddressesAndThisRank) {
+  const net::WireAddress self = Wire("127.0.0.1:40001");
+  const std::vector<net::WireAddress> good{Wire("127.0.0.1:40000"), self, Wire("[::1]:40002")};
+  EXPECT_EQ(CheckTable(good, 3, 1, self), "");
+  EXPECT_NE(CheckTable(good, 4, 1, self).find("3 entries for a world of 4"), std::string::npos);
+  std::vector<net::WireAddress> t = good;
+  t[0] = Wire("0.0.0.0:40000");
+  EXPECT_NE(CheckTable(t, 3, 1, self).find("rank 0's entry is the unspecified address"), std::string::npos);
+  t = good;
+  t[2] = Wire("[::]:40002");
+  EXPECT_NE(CheckTable(t, 3, 1, self).find("rank 2's entry is the unspecified address"), std::string::npos);
+  t = good;
+  t[2].port = 0;
+  EXPECT_NE(CheckTable(t, 3, 1, self).find("rank 2's entry has port 0"), std::string::npos);
+  t = good;
+  t[0].family = 1;  // AF_UNIX
+  EXPECT_NE(CheckTable(t, 3, 1, self).find("address family 1"), std::string::npos);
+  t = good;
+  t[0].addr[9] = 0x55;
+  EXPECT_NE(CheckTable(t, 3, 1, self).find("bytes beyond its address"), std::string::npos);
+  t = good;
+  t[0].scopeId = 2;
+  EXPECT_NE(CheckTable(t, 3, 1, self).find("bytes beyond its address"), std::string::npos);
+  t = good;
+  t[1] = Wire("127.0.0.1:40009");
+  EXPECT_NE(CheckTable(t, 3, 1, self).find("this rank's entry is 127.0.0.1:40009, but it registered 127.0.0.1:40001"),
+            std::string::npos);
+}
+
 // A root played by the test: rank `rank` of `nRanks` registers with it in a thread, and gets `reply(hello)` as
 // the answer (then the end of the connection). Returns "" when Initialize succeeded, else its error's text.
 std::string RegisterAgainst(int rank, int nRanks, const std::function<std::vector<uint8_t>(const HelloPayload&)>& reply,
@@ -139,6 +170,38 @@ TEST(BootstrapRegistration, TheRootsAbortReasonIsReportedEscaped) {
             std::string::npos)
       << error;
   for (char c : error) EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "byte " << static_cast<int>(c) << " in: " << error;
+}
+
+// fuzz_bootstrap_stream's second finding: a table whose entries were not addresses a rank can be reached at (the
+// unspecified address, port 0) or whose entry for this rank was not what it registered was taken.
+TEST(BootstrapRegistration, ATableThatCannotBeTheRootsIsRefused) {
+  const auto table = [](const HelloPayload& hello, const net::WireAddress& other) {
+    std::vector<net::WireAddress> t{other, hello.listen};
+    return Frame(FrameType::Table, 0, t.data(), t.size() * sizeof(net::WireAddress));
+  };
+  const std::pair<net::WireAddress, const char*> bad[] = {{Wire("0.0.0.0:29500"), "unspecified address"},
+                                                          {Wire("127.0.0.1:0"), "port 0"}};
+  for (const auto& [other, why] : bad) {
+    ErrorCode code = ErrorCode::Internal;
+    const std::string error = RegisterAgainst(
+        1, 2, [&](const HelloPayload& h) { return table(h, other); }, &code);
+    EXPECT_EQ(code, ErrorCode::Protocol) << error;
+    EXPECT_NE(error.find("sent an address table that is not the root's: rank 0's entry"), std::string::npos) << error;
+    EXPECT_NE(error.find(why), std::string::npos) << error;
+  }
+  ErrorCode code = ErrorCode::Internal;
+  std::string error = RegisterAgainst(
+      1, 2,
+      [&](const HelloPayload& h) {
+        HelloPayload moved = h;
+        moved.listen.port = static_cast<uint16_t>(h.listen.port + 1);
+        return table(moved, Wire("127.0.0.1:29500"));
+      },
+      &code);
+  EXPECT_EQ(code, ErrorCode::Protocol) << error;
+  EXPECT_NE(error.find("this rank's entry is"), std::string::npos) << error;
+  // The table the root sends is taken.
+  EXPECT_EQ(RegisterAgainst(1, 2, [&](const HelloPayload& h) { return table(h, Wire("127.0.0.1:29500")); }), "");
 }
 
 TEST(UniqueIdTest, CarriesTheRootAddress) {
