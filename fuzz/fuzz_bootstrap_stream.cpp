@@ -78,7 +78,10 @@ size_t CountEntries(const char* dir) {
   return n;
 }
 
-// Closes with a reset: the fuzzer's side keeps no TIME_WAIT, so hours of inputs do not exhaust loopback ports.
+// Closes with a reset. The side that sends the first FIN and then hears the other's keeps the pair in TIME_WAIT
+// for a minute (tens of thousands of pairs after a few minutes of fuzzing), so the fuzzer sends a FIN only where
+// nothing else ends a stream; a rank that holds its end of the connection still reads every byte sent before the
+// reset (a reset purges a connection the rank's listener has not handed out yet, so not those).
 void CloseHard(UniqueFd& fd) {
   if (!fd) return;
   linger l{1, 0};
@@ -224,7 +227,10 @@ class Model {
         dropped_.push_back(peer);
         return;
       }
-      if (h.length > stream.size() - at) return;
+      if (h.length > stream.size() - at) {
+        cutInPayload_.push_back(peer);
+        return;
+      }
       queues_[{peer, h.type, h.tag}].emplace_back(stream.begin() + static_cast<long>(at),
                                                   stream.begin() + static_cast<long>(at + h.length));
       at += h.length;
@@ -245,11 +251,28 @@ class Model {
   // The receiver drops this peer's connection once it reads that far, whenever that is: a send to the peer may
   // or may not fail.
   bool Dropped(int peer) const { return std::find(dropped_.begin(), dropped_.end(), peer) != dropped_.end(); }
+  // The stream ends inside a frame's payload: the receiver waits for the rest.
+  bool CutInPayload(int peer) const {
+    return std::find(cutInPayload_.begin(), cutInPayload_.end(), peer) != cutInPayload_.end();
+  }
 
  private:
   std::map<std::tuple<int, uint16_t, int>, std::deque<Bytes>> queues_;
   std::vector<int> dropped_;
+  std::vector<int> cutInPayload_;
 };
+
+// Ends a peer's stream so that the rank takes the peer for gone at once: 24 bytes of 0xff, which make or complete a
+// header the rank drops the connection for (magic, or a length beyond kMaxPayload), then the rank closes first;
+// a FIN where the stream ends inside a payload (the 0xff bytes would be payload) or the input asks for one.
+void EndStream(int fd, bool fin) {
+  if (!fin) {
+    const Bytes poison(sizeof(bw::FrameHeader), 0xff);
+    SendBestEffort(fd, poison.data(), poison.size());
+  } else {
+    shutdown(fd, SHUT_WR);
+  }
+}
 
 // How many ops of the script the streams let complete whatever the timing: each receive has its frame, of the
 // size asked, and no send goes to a peer whose connection the receiver drops.
@@ -480,7 +503,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::memcpy(reply.data() + own, &hello.listen, sizeof(hello.listen));
     }
     SendBestEffort(reg.Get(), reply.data(), reply.size());
-    shutdown(reg.Get(), SHUT_WR);
+    CloseHard(reg);
   } else {
     // A table the root would send: this rank's own address, every other rank at the fuzzer's listener.
     std::vector<net::WireAddress> table(static_cast<size_t>(nRanks), s.address.ToWire());
@@ -488,7 +511,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     bw::FrameHeader th = bw::MakeHeader(bw::FrameType::Table, 0, 0, table.size() * sizeof(net::WireAddress));
     SendBestEffort(reg.Get(), &th, sizeof(th));
     SendBestEffort(reg.Get(), table.data(), th.length);
-    shutdown(reg.Get(), SHUT_WR);
+    CloseHard(reg);
     // One data connection per other rank, each with that rank's good hello, so that every wait ends: on the
     // frame, or on the connection's end once the fuzzer closes it.
     const net::SocketAddress rankAddr = net::SocketAddress::FromWire(hello.listen);
@@ -523,6 +546,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     // The peers' connections stay open while the rank runs the ops that the streams let complete (ending one
     // would make a send to that peer fail), then end, so that a wait for a frame that never comes ends at once.
+    // The descriptors stay open until the rank is done: it closes first.
     const size_t completable = CompletableOps(model, ops, rank, nRanks);
     {
       std::unique_lock<std::mutex> lock(out.mutex);
@@ -530,7 +554,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                            [&] { return out.finished || static_cast<size_t>(out.opsDone) >= completable; });
     }
     for (int peer : others) {
-      if (conns[static_cast<size_t>(peer)]) shutdown(conns[static_cast<size_t>(peer)].Get(), SHUT_WR);
+      const UniqueFd& c = conns[static_cast<size_t>(peer)];
+      if (c) EndStream(c.Get(), (options & bs::kEndWithFin) || model.CutInPayload(peer));
     }
   }
   rankThread.join();
@@ -575,7 +600,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!extra) break;
     CloseHard(extra);
   }
-  CloseHard(reg);
   for (UniqueFd& c : conns) CloseHard(c);
   const size_t fdsAfter = CountEntries("/proc/self/fd");
   // A joined thread leaves /proc/self/task a moment after join returns (the kernel wakes the joiner before it

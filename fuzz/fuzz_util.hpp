@@ -53,6 +53,8 @@ constexpr uint8_t kDataPhase = 0x20;  // 0: the rest is the root's reply; 1: a g
 // Reply phase: the table's entry of the real rank is overwritten with the address it registered (an ephemeral
 // port, which no stored input can know), where the reply is long enough to hold it.
 constexpr uint8_t kPatchOwnEntry = 0x40;
+// Data phase: the peers' connections end with a FIN, not with a malformed header (see EndStream).
+constexpr uint8_t kEndWithFin = 0x80;
 constexpr int kMaxOps = 4;  // op count: its byte % (kMaxOps + 1)
 enum class OpKind : uint8_t { Recv, RecvBytes, AllGather, Broadcast, Barrier, kCount };
 struct OpSpec {
