@@ -34,8 +34,8 @@ constexpr size_t kHeaderBytes = 40;
 constexpr size_t kRankOffset = 16;
 constexpr size_t kPayloadBytesOffset = 20;
 constexpr size_t kTagOffset = 24;
-constexpr size_t kPidOffset = 32;
-constexpr size_t kUidOffset = 36;
+using mori::fuzz::kFdChannelPidOffset;
+using mori::fuzz::kFdChannelUidOffset;
 
 struct Setup {
   FdChannel receiver{kJobId, 0, {getpid(), getpid()}};
@@ -121,8 +121,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (data[0] & 4) {
       const int32_t pid = getpid();
       const uint32_t uid = getuid();
-      std::memcpy(datagram.data() + kPidOffset, &pid, sizeof(pid));
-      std::memcpy(datagram.data() + kUidOffset, &uid, sizeof(uid));
+      std::memcpy(datagram.data() + kFdChannelPidOffset, &pid, sizeof(pid));
+      std::memcpy(datagram.data() + kFdChannelUidOffset, &uid, sizeof(uid));
     }
   }
   SendDatagram(s, datagram, descriptors);

@@ -329,6 +329,9 @@ void FdChannelSeeds(const std::string& dir) {
         std::exit(1);
       }
       b.resize(1 + static_cast<size_t>(got));
+      // The harness writes its own pid and uid there (bit 4 above): zero, the seed is the same on every run.
+      std::memset(b.data() + 1 + mori::fuzz::kFdChannelPidOffset, 0,
+                  mori::fuzz::kFdChannelUidOffset + sizeof(uint32_t) - mori::fuzz::kFdChannelPidOffset);
       Write(dir, "fuzz_fd_channel", "message_" + std::to_string(seed++) + (fd >= 0 ? "_fd" : ""), b);
     }
   }
@@ -411,6 +414,8 @@ void PortChannelSeeds(const std::string& dir) {
     all.insert(all.end(), b.begin(), b.end());
   }
   Write(dir, "fuzz_port_channel", "all_kinds", all);
+}
+
 // fuzz_tcp_stream: an options byte, then frames, each a channel byte, a header from MakeFrame with the fields the
 // link's sender sets (sequence numbers per channel, Write chunk g on channel g % N, word operations and reads on
 // channel 0 carrying the Write chunks before them) and its payload. Keys 0 to 2 name the harness's registrations.
@@ -694,7 +699,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   BootstrapSeeds(argv[1]);
-  stream::Seeds(argv[1]);
+  bootstrap_stream_seeds::Seeds(argv[1]);
   RegisteredMemorySeeds(argv[1]);
   TcpSeeds(argv[1]);
   EmulatedSeeds(argv[1]);
@@ -703,6 +708,5 @@ int main(int argc, char** argv) {
   PortChannelSeeds(argv[1]);
   TcpStreamSeeds(argv[1]);
   EmulatedNicSeeds(argv[1]);
-  bootstrap_stream_seeds::Seeds(argv[1]);
   return 0;
 }

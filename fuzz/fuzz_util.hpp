@@ -13,6 +13,10 @@ namespace mori::fuzz {
 
 // The job id of fuzz_fd_channel's ranks: fixed, so that the seed corpus's messages are that job's.
 constexpr uint64_t kFdChannelJobId = 0x66757a7a6a6f6221ull;
+// Where FdChannel's header (ipc.cpp) holds the sender's pid and uid: fuzz_fd_channel writes its own there when the
+// input's first byte asks, and the seed writer leaves them zero, so that the seeds are the same on every run.
+constexpr size_t kFdChannelPidOffset = 32;
+constexpr size_t kFdChannelUidOffset = 36;
 
 // fuzz_tcp_stream's peer nonce (fixed, so that a seed's hello can carry it) and the option bits of its first byte.
 namespace tcp_stream {
