@@ -8,7 +8,6 @@
 // port, this rank's own entry what it registered); whatever an operation delivers is exactly the payload of the
 // frame that carried it, in the order sent, and a Recv whose frame came whole is never refused; no descriptor and
 // no thread outlives an input. Input layout: bootstrap_stream in fuzz_util.hpp.
-#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -30,6 +29,7 @@
 #include <vector>
 
 #include "bootstrap_wire.hpp"
+#include "fuzz_os.hpp"
 #include "fuzz_util.hpp"
 #include "mori/core/bootstrap.hpp"
 #include "mori/core/errors.hpp"
@@ -44,6 +44,9 @@ using mori::core::Deadline;
 using mori::core::Error;
 using mori::core::ErrorCode;
 using mori::core::UniqueFd;
+using mori::fuzz::CloseHard;
+using mori::fuzz::CountEntries;
+using mori::fuzz::SettlesAt;
 using Bytes = std::vector<uint8_t>;
 
 constexpr double kTimeoutS = 2;         // the rank's bound on every wait (also MORI_TIMEOUT_S)
@@ -67,26 +70,6 @@ struct Setup {
 Setup& TheSetup() {
   static Setup* s = new Setup();
   return *s;
-}
-
-size_t CountEntries(const char* dir) {
-  DIR* d = opendir(dir);
-  MORI_FUZZ_ASSERT(d != nullptr, "opendir %s", dir);
-  size_t n = 0;
-  while (readdir(d) != nullptr) ++n;
-  closedir(d);
-  return n;
-}
-
-// Closes with a reset. The side that sends the first FIN and then hears the other's keeps the pair in TIME_WAIT
-// for a minute (tens of thousands of pairs after a few minutes of fuzzing), so the fuzzer sends a FIN only where
-// nothing else ends a stream; a rank that holds its end of the connection still reads every byte sent before the
-// reset (a reset purges a connection the rank's listener has not handed out yet, so not those).
-void CloseHard(UniqueFd& fd) {
-  if (!fd) return;
-  linger l{1, 0};
-  setsockopt(fd.Get(), SOL_SOCKET, SO_LINGER, &l, sizeof(l));
-  fd.Reset();
 }
 
 void SetSocketTimeouts(int fd) {
@@ -601,16 +584,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     CloseHard(extra);
   }
   for (UniqueFd& c : conns) CloseHard(c);
-  const size_t fdsAfter = CountEntries("/proc/self/fd");
-  // A joined thread leaves /proc/self/task a moment after join returns (the kernel wakes the joiner before it
-  // reaps the task): give it that moment.
-  size_t threadsAfter = CountEntries("/proc/self/task");
-  for (int i = 0; i < 1000 && threadsAfter != threadsBefore; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    threadsAfter = CountEntries("/proc/self/task");
-  }
-  MORI_FUZZ_ASSERT(fdsAfter == fdsBefore, "%zu descriptors open before the input, %zu after", fdsBefore, fdsAfter);
-  MORI_FUZZ_ASSERT(threadsAfter == threadsBefore, "%zu threads before the input, %zu after", threadsBefore,
-                   threadsAfter);
+  MORI_FUZZ_ASSERT(SettlesAt("/proc/self/fd", fdsBefore), "%zu descriptors open before the input, %zu after",
+                   fdsBefore, CountEntries("/proc/self/fd"));
+  MORI_FUZZ_ASSERT(SettlesAt("/proc/self/task", threadsBefore), "%zu threads before the input, %zu after",
+                   threadsBefore, CountEntries("/proc/self/task"));
   return 0;
 }

@@ -20,7 +20,6 @@
 // the start PSN, rkeys below kNicRegions name a registration, raddrs with a small top byte a buffer plus an offset;
 // a hello's raddr and swapAdd are relative to the NIC's and the peer's nonce. By default every complete packet gets
 // this wire's magic and version and a recomputed integrity check, so that mutations reach what follows the check.
-#include <dirent.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -35,6 +34,7 @@
 #include <vector>
 
 #include "emulated/wire.hpp"
+#include "fuzz_os.hpp"
 #include "fuzz_util.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/timeout.hpp"
@@ -110,15 +110,6 @@ constexpr WqeSpec kWqes[kNicWqes] = {
 const uint8_t kInlineBytes[12] = {'i', 'n', 'l', 'i', 'n', 'e', ' ', 'w', 'r', 'i', 't', 'e'};
 
 uint8_t PatternByte(size_t buffer, size_t i) { return static_cast<uint8_t>(0x5b + 37 * buffer + 11 * i + (i >> 8)); }
-
-size_t Entries(const char* dir) {
-  DIR* d = opendir(dir);
-  MORI_FUZZ_ASSERT(d != nullptr, "opendir %s", dir);
-  size_t n = 0;
-  while (readdir(d) != nullptr) ++n;
-  closedir(d);
-  return n;
-}
 
 // A packet of the input as it goes on the wire; `complete`: the input held all of it.
 struct Packet {
@@ -203,7 +194,7 @@ class Harness {
     const uint8_t mask = in.Take<uint8_t>();
     startPsn_ = opts_ & kNicWrapPsn ? kWrapStartPsn : 0;
     memory_.Reset();
-    const size_t fds = Entries("/proc/self/fd"), threads = Entries("/proc/self/task");
+    const size_t fds = CountEntries("/proc/self/fd"), threads = CountEntries("/proc/self/task");
 
     ep_ = nic_->CreateRdmaEndpoint(Config());
     RdmaEndpointHandle local = ep_.handle;
@@ -219,10 +210,10 @@ class Harness {
     }
     nic_->DestroyRdmaEndpoint(ep_.handle);
 
-    MORI_FUZZ_ASSERT(Entries("/proc/self/fd") == fds, "%zu descriptors open before the input, %zu after", fds,
-                     Entries("/proc/self/fd"));
-    MORI_FUZZ_ASSERT(Entries("/proc/self/task") == threads, "%zu threads before the input, %zu after", threads,
-                     Entries("/proc/self/task"));
+    MORI_FUZZ_ASSERT(SettlesAt("/proc/self/fd", fds), "%zu descriptors open before the input, %zu after", fds,
+                     CountEntries("/proc/self/fd"));
+    MORI_FUZZ_ASSERT(SettlesAt("/proc/self/task", threads), "%zu threads before the input, %zu after", threads,
+                     CountEntries("/proc/self/task"));
   }
 
  private:

@@ -16,7 +16,6 @@
 // byte naming the channel (modulo the channel count), a 64-byte FrameHeader and as many payload bytes as its
 // length says (or what is left). A key below kRegions names the harness's registration of that index (real keys
 // are random); any other key goes as it is.
-#include <dirent.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -31,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "fuzz_os.hpp"
 #include "fuzz_util.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
@@ -43,6 +43,8 @@ namespace {
 namespace tcp = mori::core::tcp;
 using mori::core::Deadline;
 using mori::core::ErrorCode;
+using mori::fuzz::CountEntries;
+using mori::fuzz::SettlesAt;
 
 constexpr int kLinkRank = 0;  // the lower rank accepts: the link under test waits for the harness's channels
 constexpr int kPeerRank = 1;
@@ -69,24 +71,6 @@ constexpr RegionSpec kRegionSpecs[] = {{4096, false, kPeerRank}, {256, true, kPe
 constexpr uint32_t kRegions = sizeof(kRegionSpecs) / sizeof(kRegionSpecs[0]);
 
 uint8_t Pattern(uint32_t region, size_t i) { return static_cast<uint8_t>(0x5a ^ (region * 67 + i * 13 + (i >> 8))); }
-
-size_t CountEntries(const char* dir) {
-  DIR* d = opendir(dir);
-  MORI_FUZZ_ASSERT(d != nullptr, "opendir %s", dir);
-  size_t n = 0;
-  while (readdir(d) != nullptr) ++n;
-  closedir(d);
-  return n;
-}
-
-// Threads end just after their join returns (the kernel drops the task a moment later): looked at a few times.
-bool SettlesAt(const char* dir, size_t expected) {
-  for (int i = 0; i < 200; ++i) {
-    if (CountEntries(dir) == expected) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return false;
-}
 
 struct Frame {
   int channel;
@@ -400,7 +384,7 @@ class Harness {
       const auto start = std::chrono::steady_clock::now();
       tcp::DeregisterTcpMemory(regions[r].key);  // waits while a receiver still holds the memory
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      MORI_FUZZ_ASSERT(s < 0.5, "region %u's registration was still held %.1f s after the link was gone", r, s);
+      MORI_FUZZ_ASSERT(s < 5.0, "region %u's registration was still held %.1f s after the link was gone", r, s);
       for (size_t i = 0; i < kRegionSpecs[r].bytes; ++i) {
         MORI_FUZZ_ASSERT(regions[r].named[i] || regions[r].bytes[i] == Pattern(r, i),
                          "byte %zu of region %u (%zu bytes) changed, and no frame names it", i, r,
