@@ -4,6 +4,7 @@
 // a registered range unnoticed.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -75,11 +76,15 @@ class CheckingConnection : public core::Connection {
     if (old == compare) std::memcpy(At(dst, dstOffset), &swap, 8);
     if (result != nullptr) *result = old;
   }
-  void Flush(int64_t) override {}
+  void Flush(int64_t) override { flushes_.fetch_add(1, std::memory_order_relaxed); }
   core::Transport GetTransport() const override { return core::Transport::Tcp; }
   core::Transport GetRemoteTransport() const override { return core::Transport::Tcp; }
 
+  // Flushes asked of this connection so far.
+  uint64_t Flushes() const { return flushes_.load(std::memory_order_relaxed); }
+
  private:
+  std::atomic<uint64_t> flushes_{0};
   static unsigned long long ULL(uint64_t v) { return static_cast<unsigned long long>(v); }
   static uint64_t Word(const RegisteredMemory& dst, uint64_t offset, const char* what) {
     MORI_FUZZ_ASSERT(Inside(dst, offset, 8) && offset % 8 == 0, "%s at offset %llu of %zu", what, ULL(offset),

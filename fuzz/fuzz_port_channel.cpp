@@ -7,7 +7,8 @@
 //   - the service does what the request layout in proxy_trigger.hpp documents and nothing else: afterwards every
 //     memory and every peer's token equal a model that applies the same requests in order by those rules,
 //     stopping at the first one the service must refuse;
-//   - the service fails exactly when the model refuses a request, and with mori's InvalidUsage.
+//   - the service fails exactly when the model refuses a request, on that request, and with mori's InvalidUsage;
+//   - every flush a request asks for reaches its semaphore's connection, and no other.
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -43,10 +44,12 @@ constexpr size_t kMaxRequests = 64;  // the FIFO (kDefaultFifoSize) never fills
 
 uint8_t Pattern(size_t memory, uint64_t i) { return static_cast<uint8_t>(memory * 37 + i * 11 + (i >> 8) + 1); }
 
-// What the service must leave behind: the memories and one token per semaphore.
+// What the service must leave behind: the memories, and per semaphore its peer's token and the flushes of its
+// connection.
 struct State {
   std::vector<std::vector<uint8_t>> memories;
   std::vector<uint64_t> tokens;
+  std::vector<uint64_t> flushes;
 };
 
 // Applies `requests` by the documented rules; returns the index of the first one the service must refuse, or
@@ -63,6 +66,7 @@ size_t Model(const std::vector<ProxyTrigger>& requests, State& s) {
       std::memmove(dst.data() + r.dstOffset, src.data() + r.srcOffset, r.size);
     }
     if ((r.type & mori::core::kTriggerSignal) != 0) ++s.tokens[r.semaphoreId];
+    if ((r.type & mori::core::kTriggerFlush) != 0) ++s.flushes[r.semaphoreId];
   }
   return requests.size();
 }
@@ -83,10 +87,15 @@ class Harness {
     }
     for (auto& t : tokens_) std::memset(t->bytes.get(), 0, sizeof(uint64_t));
     expected.tokens.assign(kSemaphores, 0);
+    expected.flushes.assign(kSemaphores, 0);
     const size_t refused = Model(requests, expected);
 
     ProxyService service;
-    for (size_t k = 0; k < kSemaphores; ++k) service.AddSemaphore(MakeSemaphore(k));
+    std::vector<std::shared_ptr<CheckingConnection>> connections;
+    for (size_t k = 0; k < kSemaphores; ++k) {
+      connections.push_back(std::make_shared<CheckingConnection>(kSemaphorePeers[k]));
+      service.AddSemaphore(MakeSemaphore(k, connections.back()));
+    }
     for (auto& m : memories_) service.AddMemory(m->memory);
     service.StartProxy();
     mori::core::FifoDeviceHandle fifo = service.FifoHandle();
@@ -105,6 +114,9 @@ class Harness {
     }
     MORI_FUZZ_ASSERT(failed || refused == requests.size(), "the service accepted request %zu, which the rules refuse",
                      refused);
+    // The request it failed on is the one the rules refuse (the FIFO's tail stops in front of it).
+    MORI_FUZZ_ASSERT(service.Handled() == refused, "the service handled %llu requests, the rules allow %zu",
+                     static_cast<unsigned long long>(service.Handled()), refused);
 
     for (size_t m = 0; m < kMemories; ++m) {
       const uint8_t* bytes = memories_[m]->bytes.get();
@@ -118,14 +130,18 @@ class Harness {
       std::memcpy(&token, tokens_[k]->bytes.get(), sizeof(token));
       MORI_FUZZ_ASSERT(token == expected.tokens[k], "semaphore %zu's peer token is %llu, the model says %llu", k,
                        static_cast<unsigned long long>(token), static_cast<unsigned long long>(expected.tokens[k]));
+      MORI_FUZZ_ASSERT(connections[k]->Flushes() == expected.flushes[k],
+                       "semaphore %zu's connection was flushed %llu times, the model says %llu", k,
+                       static_cast<unsigned long long>(connections[k]->Flushes()),
+                       static_cast<unsigned long long>(expected.flushes[k]));
     }
   }
 
  private:
-  // A semaphore over a checking connection whose peer's inbound token is tokens_[k] (8 bytes, registered).
-  std::shared_ptr<Semaphore> MakeSemaphore(size_t k) {
+  // A semaphore over `connection` whose peer's inbound token is tokens_[k] (8 bytes, registered).
+  std::shared_ptr<Semaphore> MakeSemaphore(size_t k, std::shared_ptr<CheckingConnection> connection) {
     auto impl = std::make_unique<Semaphore::Impl>();
-    impl->connection = std::make_shared<CheckingConnection>(kSemaphorePeers[k]);
+    impl->connection = std::move(connection);
     impl->rank = 0;
     impl->remoteRank = kSemaphorePeers[k];
     impl->words = words_[k];
