@@ -771,6 +771,7 @@ bool AllStarted(const uint32_t* started, double seconds) {
 // The stop word set while every kind of wait spins: the kernel ends long before MORI_TIMEOUT_S (60 s here), and
 // with the word cleared again, waits work as before.
 TEST_F(ShmemSingleTest, TheStopWordEndsEveryKindOfDeviceWait) {
+  if (MORI_BACKEND_HIP) GTEST_SKIP() << "on HIP a stop does not leave a kernel (docs/GUIDE.md)";
   setenv("MORI_TIMEOUT_S", "60", 1);
   ASSERT_EQ(ShmemInit(), 0);
   auto* words = static_cast<uint64_t*>(ShmemCalloc(4, sizeof(uint64_t)));
@@ -838,6 +839,7 @@ MORI_GLOBAL void GroupLeaderWaitKernel(const uint64_t* word, const uint32_t* sto
   marks[core::FlatThreadIdx()] = 0x2000 + core::FlatThreadIdx();
 }
 
+#if MORI_BACKEND_CUDA
 // The same with a plain block barrier after the leader's wait, as before the counted one: what it would let by.
 MORI_GLOBAL void BlockLeaderWaitPlainBarrierKernel(const uint64_t* word, const uint32_t* stop, uint32_t* marks,
                                                    uint32_t* started) {
@@ -853,6 +855,7 @@ MORI_GLOBAL void BlockLeaderWaitPlainBarrierKernel(const uint64_t* word, const u
   core::SyncThreads();
   marks[core::FlatThreadIdx()] = 0x2000 + core::FlatThreadIdx();
 }
+#endif
 
 // Launches `launch` (kGroupThreads threads that count themselves in `started`), sets the stop word once they all
 // started, and expects the kernel to end within 10 s with none of `marks` written (or, with `leaderOnly`, all
@@ -889,6 +892,7 @@ void ExpectStoppedGroupLeaves(const char* what, uint32_t* marks, uint32_t* start
 }
 
 TEST_F(ShmemSingleTest, AGroupWhoseLeaderIsStoppedLeavesWithIt) {
+  if (MORI_BACKEND_HIP) GTEST_SKIP() << "on HIP a stop does not leave a kernel (docs/GUIDE.md)";
   ASSERT_EQ(ShmemInit(), 0);
   core::GpuBuffer marks(kGroupThreads * sizeof(uint32_t), core::MemoryType::Device);
   core::GpuBuffer started(sizeof(uint32_t), core::MemoryType::HostPinned);

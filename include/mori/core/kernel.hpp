@@ -127,6 +127,18 @@ MORI_DEVICE_INLINE unsigned FlatBlockIdx() { return BlockIdxX() + GridDimX() * (
 MORI_DEVICE_INLINE unsigned FlatGridDim() { return GridDimX() * GridDimY() * GridDimZ(); }
 MORI_DEVICE_INLINE unsigned GlobalThreadIdx() { return FlatBlockIdx() * FlatBlockDim() + FlatThreadIdx(); }
 MORI_DEVICE_INLINE unsigned GlobalThreadCount() { return FlatGridDim() * FlatBlockDim(); }
+
+// The block barrier that also counts the threads that reached it: a thread that left its kernel (CUDA `exit`)
+// is not waited for and not counted. On HOST a thread that leaves fails the barrier for the others instead, so
+// every thread that returns from it was counted: the block's size.
+MORI_DEVICE_INLINE unsigned SyncThreadsCounting() {
+#if MORI_BACKEND_HOST
+  SyncThreads();
+  return FlatBlockDim();
+#else
+  return static_cast<unsigned>(__syncthreads_count(1));
+#endif
+}
 MORI_DEVICE_INLINE unsigned LaneId() { return FlatThreadIdx() % MORI_WARP_SIZE; }
 MORI_DEVICE_INLINE unsigned WarpId() { return FlatThreadIdx() / MORI_WARP_SIZE; }
 // Joins the threads of this warp (a no-op where a warp is one thread).

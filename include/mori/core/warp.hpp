@@ -103,6 +103,18 @@ MORI_DEVICE_INLINE LaneMask Ballot(LaneMask lanes, bool predicate) {
 #endif
 }
 
+// The lanes of this warp that are still running, as a vote of all of them: a lane that left its kernel (CUDA
+// `exit`) takes no part and its bit is clear. Every running lane of the warp calls it; it orders no memory.
+MORI_DEVICE_INLINE LaneMask RunningLanes() {
+#if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE
+  return __ballot_sync(0xffffffffu, 1);
+#elif MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
+  return static_cast<LaneMask>(__ballot(1));
+#else
+  return 1;
+#endif
+}
+
 // Joins the lanes of `lanes` (each one of them passes): what each wrote before is visible to the others
 // after.
 MORI_DEVICE_INLINE void SyncLanes(LaneMask lanes) {

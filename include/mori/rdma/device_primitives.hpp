@@ -344,7 +344,9 @@ MORI_DEVICE_INLINE GroupSlots ReserveSendSlotsForGroup(WorkQueueHandle& wq, Comp
     g.first = core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(&wq.postIdx, g.count);
     room = WaitForSendRoom<P>(wq, cq, g.first, g.count, timeoutNs, core::OnStop::Report) ? 1u : 0u;
   }
-  if (core::ShuffleFrom(group, room, leader) == 0) core::LeaveKernelOnStop();
+  if constexpr (core::kLeavesOnStop) {
+    if (core::ShuffleFrom(group, room, leader) == 0) core::LeaveKernelOnStop();
+  }
   g.first = core::ShuffleFrom(group, g.first, leader);
   g.slot = g.first + core::LaneCount(group & core::LanesBelow());
   return g;

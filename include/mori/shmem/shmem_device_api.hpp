@@ -73,7 +73,7 @@ MORI_DEVICE_NOINLINE void TransferRemote(const char* op, void* dst, const void* 
       }
     }
     // The whole group's source data is written before the NIC is told to read it.
-    const uint32_t present = GroupSyncPresent<G>();
+    const uint64_t present = GroupSyncPresent<G>();
     if (GroupRank<G>() == 0) {
       uint32_t slot = D == Direction::Put ? RdmaPut(s, op, pe, offset, src, bytes, wait)
                                           : RdmaGet(s, op, pe, dst, offset, bytes, wait);
@@ -84,7 +84,7 @@ MORI_DEVICE_NOINLINE void TransferRemote(const char* op, void* dst, const void* 
   }
   // Proxy: every thread's part of the source is written before the proxy reads it (the barrier, then the
   // leader's release in its push).
-  const uint32_t present = GroupSyncPresent<G>();
+  const uint64_t present = GroupSyncPresent<G>();
   if (GroupRank<G>() == 0) {
     ProxyTransfer(s, op, D == Direction::Put ? ProxyOp::Put : ProxyOp::Get, pe, offset,
                   D == Direction::Put ? src : static_cast<const void*>(dst), bytes, wait);
@@ -122,7 +122,7 @@ MORI_DEVICE_NOINLINE void PutSignalRemote(const char* op, const void* source, si
                                           uint64_t sigOffset, uint64_t sigVal, SignalOp sigOp, int pe) {
   const ShmemDeviceState& s = State();
   if (TransportOf(s, pe) == TransportType::RDMA) {
-    const uint32_t present = GroupSyncPresent<G>();
+    const uint64_t present = GroupSyncPresent<G>();
     if (GroupRank<G>() == 0) {
       // Same QP for data and signal: RC executes them in order, so the signal cannot pass the data.
       if (bytes > 0) RdmaPut(s, op, pe, offset, source, bytes, false);
@@ -132,7 +132,7 @@ MORI_DEVICE_NOINLINE void PutSignalRemote(const char* op, const void* source, si
     return;
   }
   // The group's source is written before the leader's push (whose release is cumulative).
-  const uint32_t present = GroupSyncPresent<G>();
+  const uint64_t present = GroupSyncPresent<G>();
   if (GroupRank<G>() == 0) {
     // One request: the proxy issues the signal after the data on the same connection, which orders it.
     if (bytes > 0) {
@@ -512,7 +512,7 @@ MORI_DEVICE_NOINLINE void ShmemBarrierAllThread() {
 // Every thread of the block calls it.
 MORI_DEVICE_INLINE void ShmemBarrierAllBlock() {
   detail::SystemFence();
-  const uint32_t present = detail::GroupSyncPresent<detail::Group::Block>();
+  const uint64_t present = detail::GroupSyncPresent<detail::Group::Block>();
   if (core::FlatThreadIdx() == 0) ShmemBarrierAllThread();
   detail::GroupSyncOrLeave<detail::Group::Block>(present);  // thread 0 stopped in its wait: the block leaves
 }
@@ -554,7 +554,7 @@ MORI_DEVICE_NOINLINE void ShmemTeamSyncThread(ShmemTeam team) {
 // Every thread of the block calls it.
 MORI_DEVICE_INLINE void ShmemTeamSyncBlock(ShmemTeam team) {
   detail::SystemFence();
-  const uint32_t present = detail::GroupSyncPresent<detail::Group::Block>();
+  const uint64_t present = detail::GroupSyncPresent<detail::Group::Block>();
   if (core::FlatThreadIdx() == 0) ShmemTeamSyncThread(team);
   detail::GroupSyncOrLeave<detail::Group::Block>(present);  // thread 0 stopped in its wait: the block leaves
 }

@@ -49,36 +49,33 @@ MORI_DEVICE_INLINE void GroupSync() {
 
 // The group barrier before a leader works for the group on a remote PE (a post, a push, a barrier), and the
 // one after. Should a stop end the leader's wait, the leader leaves its kernel alone, so the barrier after
-// counts who is left (CUDA: a vote of the warp's lanes, a counting block barrier; exited threads take no
-// part in either) and the rest of the group leaves with it, instead of returning as if the work were done.
-// GroupSyncPresent returns who was present before, for GroupSyncOrLeave; elsewhere they are plain barriers.
+// counts who is left (a vote of the warp's lanes, a counting block barrier; a thread that left takes no part in
+// either) and the rest of the group leaves with it, instead of going on as if the leader's work were done.
+// GroupSyncPresent returns who was there before, for GroupSyncOrLeave. Where a stop never leaves a kernel (HIP)
+// they are the plain barriers.
 template <Group G>
-MORI_DEVICE_INLINE uint32_t GroupSyncPresent() {
-#if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE
-  if constexpr (G == Group::Warp) {
-    __syncwarp();
-    return __ballot_sync(0xffffffffu, 1);
+MORI_DEVICE_INLINE uint64_t GroupSyncPresent() {
+  if constexpr (core::kLeavesOnStop && G == Group::Warp) {
+    core::WarpSync();
+    return core::RunningLanes();
+  } else if constexpr (core::kLeavesOnStop && G == Group::Block) {
+    return core::SyncThreadsCounting();
+  } else {
+    GroupSync<G>();
+    return 0;
   }
-  if constexpr (G == Group::Block) return static_cast<uint32_t>(__syncthreads_count(1));
-#endif
-  GroupSync<G>();
-  return 0;
 }
 
 template <Group G>
-MORI_DEVICE_INLINE void GroupSyncOrLeave([[maybe_unused]] uint32_t present) {
-#if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE
-  if constexpr (G == Group::Warp) {
-    if (__ballot_sync(0xffffffffu, 1) != present) core::LeaveKernelOnStop();
-    __syncwarp();  // every lane that was there still is
-    return;
+MORI_DEVICE_INLINE void GroupSyncOrLeave([[maybe_unused]] uint64_t present) {
+  if constexpr (core::kLeavesOnStop && G == Group::Warp) {
+    if (core::RunningLanes() != present) core::LeaveKernelOnStop();
+    core::WarpSync();  // every lane that was there still is
+  } else if constexpr (core::kLeavesOnStop && G == Group::Block) {
+    if (core::SyncThreadsCounting() != present) core::LeaveKernelOnStop();
+  } else {
+    GroupSync<G>();
   }
-  if constexpr (G == Group::Block) {
-    if (static_cast<uint32_t>(__syncthreads_count(1)) != present) core::LeaveKernelOnStop();
-    return;
-  }
-#endif
-  GroupSync<G>();
 }
 
 // The argument checks of every call (runtime initialised, PE in range, address range inside the heap,
