@@ -556,6 +556,51 @@ void TcpStreamSeeds(const std::string& dir) {
     b.insert(b.end(), rest.Stream().begin() + 1, rest.Stream().end());
     Write(dir, "fuzz_tcp_stream", realNonce ? "stranger_hello_valid" : "stranger_hello_foreign", b);
   }
+
+  // The link connects (kConnect). Without kFuzzHello the harness answers as an acceptor does; with it the replies
+  // are these: the acceptor's HelloAck per channel (tcp_setup.cpp's Accept: key the channel, arg0 the connector's
+  // nonce, which the harness XORs in with kRealNonce, so 0 here), whole or cut, or something else where it is due.
+  const auto reply = [](int channel, uint64_t nonce = 0) {
+    tcp::FrameHeader ack = tcp::MakeFrame(FrameType::HelloAck);
+    ack.key = static_cast<uint32_t>(channel);
+    ack.arg0 = nonce;
+    return ack;
+  };
+  const auto connect = [&](const std::string& name, uint8_t options, int channels,
+                           const std::vector<tcp::FrameHeader>& replies, const TcpStream& rest, size_t cut = 0) {
+    Bytes b(1, static_cast<uint8_t>(ts::kConnect | options | (channels - 1)));
+    for (const tcp::FrameHeader& h : replies) Append(b, h);
+    b.resize(b.size() - cut);
+    b.insert(b.end(), rest.Stream().begin() + 1, rest.Stream().end());
+    Write(dir, "fuzz_tcp_stream", "connect_" + name, b);
+  };
+  const uint8_t replied = ts::kFuzzHello | ts::kRealNonce;
+  connect("accepted", 0, 2, {}, TcpStream(0, 2).Write(0, 0, 300, 64).Op(FrameType::FetchAdd, 0, 512, 2));
+  connect("accepted_issue", ts::kIssue, 1, {},
+          TcpStream(0, 1)
+              .Frame(0, frame(FrameType::ReadData, 1, 0), Bytes(64, 0x51))
+              .Frame(0, frame(FrameType::AtomicResult, 3, 0, 8))
+              .Frame(0, frame(FrameType::Ack, 0, 4)));
+  connect("replies", replied, 1, {reply(0)}, TcpStream(0, 1).Write(0, 64, 128).Op(FrameType::Update, 1, 8, 3));
+  connect("replies_four_channels", replied, 4, {reply(0), reply(1), reply(2), reply(3)},
+          TcpStream(0, 4).Write(0, 0, 512, 64).Frame(0, frame(FrameType::Close)));
+  connect("reply_foreign_nonce", ts::kFuzzHello, 1, {reply(0, ts::kPeerNonce)}, TcpStream(0, 1));
+  connect("reply_other_channel", replied, 2, {reply(0), reply(0)}, TcpStream(0, 2));
+  connect("reply_with_payload", replied, 1, {[&] {
+            tcp::FrameHeader h = reply(0);
+            h.length = 8;
+            return h;
+          }()},
+          TcpStream(0, 1));
+  connect("reply_hello", replied, 1, {[] {
+            tcp::FrameHeader h = tcp::MakeFrame(FrameType::Hello);
+            h.length = sizeof(tcp::HelloPayload);
+            return h;
+          }()},
+          TcpStream(0, 1));
+  connect("reply_write", replied, 1, {frame(FrameType::Write)}, TcpStream(0, 1));
+  connect("reply_cut", replied, 2, {reply(0), reply(1)}, TcpStream(0, 2), 40);
+  connect("reply_cut_reset", replied | ts::kReset, 1, {reply(0)}, TcpStream(0, 1), 10);
 }
 
 // fuzz_bootstrap_stream: an options byte, then either the root's reply to a registration (tables with the real

@@ -1,8 +1,10 @@
-// The TCP transport's receiver, whole (issue 16): a real TcpLink (rank 0) accepts its channels from this
-// harness, which plays rank 1 over loopback TCP with a correct hello per channel, then sends the fuzzer's frames
-// on them and closes (a last frame cut short is a connection closed mid-frame). The link's receiver threads
-// validate and apply them (writes into registered memory, word operations, reads answered, acknowledgements,
-// a peer's Fail and Close) and its sender threads answer; the harness reads every answer back.
+// The TCP transport's setup and receiver, whole (issue 16): a real TcpLink accepts its channels from this harness
+// (rank 0; the harness plays rank 1 with a correct hello per channel) or, with option kConnect, connects to
+// listeners the harness plays (rank 1 to the harness's rank 0: the harness reads each real hello and answers with
+// the input's reply or an acceptor's HelloAck). The harness then sends the fuzzer's frames on the channels and
+// closes (a last frame cut short is a connection closed mid-frame). The link's receiver threads validate and apply
+// them (writes into registered memory, word operations, reads answered, acknowledgements, a peer's Fail and Close)
+// and its sender threads answer; the harness reads every answer back.
 // Properties, beside "no crash": no byte of registered memory outside a range that a frame of the stream names
 // changes (every buffer is exactly its registration's size, so ASan sees a stray byte, and the bytes are
 // compared with their pattern), and a frame that the stream alone shows to be refused (header, sequence number,
@@ -11,8 +13,13 @@
 // Error (never another exception, which the receiver reports as Internal) within a bound, and no registration,
 // descriptor or thread is left behind; every answer is a well-formed frame, an Ack never names a frame that was
 // not sent nor goes back, ReadData and AtomicResult answer only requests that were made, and a read of memory that
-// no frame writes returns its pattern; a stranger's hello is refused unless it is exactly a valid one.
-// Input: one byte of options, then (option kFuzzHello) the 96 bytes of a stranger's hello, then frames, each a
+// no frame writes returns its pattern; a stranger's hello is refused unless it is exactly a valid one. A connecting
+// link sends on each channel a hello that an acceptor takes, comes up exactly when every reply is one an acceptor
+// sends (a HelloAck of this wire without payload, naming the channel and the link's nonce), and otherwise fails
+// its setup within kSetupEndS of the reply with mori's Error naming the channel and the offending value (Protocol)
+// or the connection's end (RemoteFailure, a reply cut short), never another exception, a hang or the deadline.
+// Input: one byte of options, then (option kFuzzHello) the 96 bytes of a stranger's hello or, with kConnect, a
+// 64-byte reply per channel (the input ending in one: it is cut short there), then frames, each a
 // byte naming the channel (modulo the channel count), a 64-byte FrameHeader and as many payload bytes as its
 // length says (or what is left). A key below kRegions names the harness's registration of that index (real keys
 // are random); any other key goes as it is.
@@ -21,12 +28,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -34,6 +45,8 @@
 #include "fuzz_util.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
+#include "mori/core/unique_fd.hpp"
+#include "socket.hpp"
 #include "tcp/tcp_link.hpp"
 #include "tcp/tcp_registry.hpp"
 #include "tcp/tcp_wire.hpp"
@@ -46,13 +59,18 @@ using mori::core::ErrorCode;
 using mori::fuzz::CountEntries;
 using mori::fuzz::SettlesAt;
 
-constexpr int kLinkRank = 0;  // the lower rank accepts: the link under test waits for the harness's channels
-constexpr int kPeerRank = 1;
+// The lower rank accepts: as rank 0 the link under test waits for the harness's channels, as rank 1 (kConnect) it
+// connects to the harness's listeners.
+constexpr int kOtherRank = 2;         // a third rank, which the harness never plays
 constexpr uint64_t kChunkBytes = 64;  // the smallest chunk: reads and bounces go in pieces
 constexpr uint64_t kReadBytes = 96;   // the link's own read (option kIssue): two requests
 constexpr double kHarnessWaitS = 6;   // above every bound of the link (MORI_TIMEOUT_S = 1)
+// A connecting link's setup ends this soon after the acceptor's last reply (or its close): far below the setup's
+// deadline (kHarnessWaitS), so that a link waiting for that deadline is caught.
+constexpr double kSetupEndS = 3;
 
 using mori::fuzz::tcp_stream::kChannelBits;
+using mori::fuzz::tcp_stream::kConnect;
 using mori::fuzz::tcp_stream::kDeviceRead;
 using mori::fuzz::tcp_stream::kFuzzHello;
 using mori::fuzz::tcp_stream::kIssue;
@@ -63,11 +81,11 @@ using mori::fuzz::tcp_stream::kReset;
 struct RegionSpec {
   size_t bytes;
   bool device;
-  int grantedTo;
+  bool toPeer;  // granted to the peer the harness plays, else to kOtherRank only
 };
 // 0: host memory of the peer; 1: (emulated) device memory of the peer, written through the bounce buffers;
 // 2: memory granted to another rank only, which the peer must never reach.
-constexpr RegionSpec kRegionSpecs[] = {{4096, false, kPeerRank}, {256, true, kPeerRank}, {64, false, 2}};
+constexpr RegionSpec kRegionSpecs[] = {{4096, false, true}, {256, true, true}, {64, false, false}};
 constexpr uint32_t kRegions = sizeof(kRegionSpecs) / sizeof(kRegionSpecs[0]);
 
 uint8_t Pattern(uint32_t region, size_t i) { return static_cast<uint8_t>(0x5a ^ (region * 67 + i * 13 + (i >> 8))); }
@@ -209,6 +227,72 @@ int StrangerOutcome(int fd) {
   return 1;
 }
 
+void CloseWithReset(int fd) {
+  const linger hard{1, 0};
+  (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
+  close(fd);
+}
+
+void RecvExactly(int fd, void* data, size_t bytes, const Deadline& deadline, const char* what) {
+  auto* p = static_cast<uint8_t*>(data);
+  size_t got = 0;
+  while (got < bytes) {
+    pollfd pfd{fd, POLLIN, 0};
+    (void)poll(&pfd, 1, 50);
+    ssize_t k = recv(fd, p + got, bytes - got, MSG_DONTWAIT);
+    if (k > 0) {
+      got += static_cast<size_t>(k);
+      continue;
+    }
+    MORI_FUZZ_ASSERT(k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR),
+                     "%s ended after %zu of %zu bytes", what, got, bytes);
+    MORI_FUZZ_ASSERT(!deadline.Expired(), "%s: %zu of %zu bytes in %.0f s", what, got, bytes, deadline.TotalSeconds());
+  }
+}
+
+// The connection a connecting link makes to listener `listenFd`, or -1 when its setup ended without one.
+int AcceptChannel(int listenFd, const std::atomic<bool>& setupDone, const Deadline& deadline, int channel) {
+  while (true) {
+    pollfd p{listenFd, POLLIN, 0};
+    (void)poll(&p, 1, 5);
+    if (p.revents & POLLIN) {
+      int fd = accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd >= 0) return fd;
+      MORI_FUZZ_ASSERT(errno == EAGAIN || errno == EINTR || errno == ECONNABORTED, "accept: %s", std::strerror(errno));
+    }
+    if (setupDone) return -1;
+    MORI_FUZZ_ASSERT(!deadline.Expired(), "the link neither connected channel %d nor ended its setup in %.0f s",
+                     channel, deadline.TotalSeconds());
+  }
+}
+
+// What an acceptor answers to the hello of channel `channel` (tcp_setup.cpp's Accept).
+tcp::FrameHeader RealReply(int channel, uint64_t connectorNonce) {
+  tcp::FrameHeader ack = tcp::MakeFrame(tcp::FrameType::HelloAck);
+  ack.key = static_cast<uint32_t>(channel);
+  ack.arg0 = connectorNonce;
+  return ack;
+}
+
+// Why no acceptor would answer channel `channel`'s hello with `h`, as words that the connecting link's error must
+// contain (the offending value); empty when one would. Only the fields the connector relies on are looked at: a
+// frame of this wire (magic, version), a HelloAck without payload, for this channel of this connection.
+std::string ReplyFault(const tcp::FrameHeader& h, int channel, uint64_t connectorNonce) {
+  using mori::core::StrFormat;
+  if (h.magic != tcp::kFrameMagic) return StrFormat("0x%08x", h.magic);
+  if (h.version != tcp::kWireVersion) return StrFormat("version %u", static_cast<unsigned>(h.version));
+  if (h.type < static_cast<uint16_t>(tcp::FrameType::Hello) || h.type > tcp::kLastFrameType) {
+    return StrFormat("unknown frame type %u", static_cast<unsigned>(h.type));
+  }
+  if (h.type != static_cast<uint16_t>(tcp::FrameType::HelloAck)) return StrFormat(" %s ", tcp::FrameTypeName(h.type));
+  if (h.length != 0) return StrFormat("carries %u payload bytes", h.length);
+  if (h.key != static_cast<uint32_t>(channel)) return StrFormat("HelloAck for channel %u ", h.key);
+  if (h.arg0 != connectorNonce) {
+    return StrFormat("of connection %016llx", static_cast<unsigned long long>(h.arg0));
+  }
+  return "";
+}
+
 // The requests of the stream, by id, as the answers are checked against them.
 struct ReadAsked {
   int region;  // -1: none of the harness's
@@ -224,10 +308,21 @@ class Harness {
     const uint8_t options = in.Take<uint8_t>();
     const int numChannels = 1 + (options & kChannelBits);
     const bool issue = (options & kIssue) != 0;
+    const bool connect = (options & kConnect) != 0;
+    linkRank_ = connect ? 1 : 0;
+    peerRank_ = connect ? 0 : 1;
     std::vector<uint8_t> strangerHello;
-    if (options & kFuzzHello) {
+    std::vector<std::vector<uint8_t>> replies;  // connect: the acceptor's reply per channel (short: cut there)
+    if ((options & kFuzzHello) && !connect) {
       for (size_t i = 0; i < sizeof(tcp::FrameHeader) + sizeof(tcp::HelloPayload); ++i)
         strangerHello.push_back(in.Take<uint8_t>());
+    }
+    if ((options & kFuzzHello) && connect) {
+      for (int c = 0; c < numChannels; ++c) {
+        const size_t n = std::min(sizeof(tcp::FrameHeader), in.Left());
+        replies.emplace_back(in.Rest(), in.Rest() + n);
+        in.Skip(n);
+      }
     }
 
     const size_t fdsBefore = CountEntries("/proc/self/fd");
@@ -240,11 +335,11 @@ class Harness {
       for (size_t i = 0; i < s.bytes; ++i) regions[r].bytes[i] = Pattern(r, i);
       regions[r].named.assign(s.bytes, false);
       regions[r].key = tcp::RegisterTcpMemory(regions[r].bytes.get(), s.bytes, s.device);
-      tcp::GrantTcpMemory(regions[r].key, s.grantedTo);
+      tcp::GrantTcpMemory(regions[r].key, s.toPeer ? peerRank_ : kOtherRank);
     }
     const auto regionOf = [&](uint32_t key) {
       for (uint32_t r = 0; r < kRegions; ++r) {
-        if (regions[r].key == key && kRegionSpecs[r].grantedTo == kPeerRank) return static_cast<int>(r);
+        if (regions[r].key == key && kRegionSpecs[r].toPeer) return static_cast<int>(r);
       }
       return -1;
     };
@@ -283,57 +378,69 @@ class Harness {
     o.windowChunks = 4;
     o.chunkBytes = kChunkBytes;
     o.ifnames = {"lo"};
-    tcp::TcpListener listener(o, kLinkRank);
-    const tcp::TcpHandle mine = listener.Handle();
-    tcp::TcpHandle peer;
-    peer.nonce = kPeerNonce;
-    peer.rank = kPeerRank;
-    peer.addresses = mine.addresses;  // never dialled: the harness connects
-
-    int stranger = -1;
-    bool strangerValid = false;
-    if (!strangerHello.empty()) {
-      tcp::FrameHeader h;
-      tcp::HelloPayload hello;
-      std::memcpy(&h, strangerHello.data(), sizeof(h));
-      std::memcpy(&hello, strangerHello.data() + sizeof(h), sizeof(hello));
-      if (options & kRealNonce) hello.nonce = mine.nonce;
-      strangerValid = tcp::CheckFrame(h).empty() && h.type == static_cast<uint16_t>(tcp::FrameType::Hello) &&
-                      tcp::CheckHello(hello, mine.nonce, kPeerNonce, numChannels).empty() && hello.channel == 0 &&
-                      hello.rank == kPeerRank;
-      stranger = Connect(mine.addresses[0]);
-      SendHello(stranger, h, hello);
-    }
+    tcp::TcpListener listener(o, linkRank_);
     std::vector<PeerChannel> channels(static_cast<size_t>(numChannels));
-    for (int c = 0; c < numChannels; ++c) {
-      tcp::FrameHeader h = tcp::MakeFrame(tcp::FrameType::Hello);
-      h.length = sizeof(tcp::HelloPayload);
-      tcp::HelloPayload hello{};
-      hello.nonce = mine.nonce;
-      hello.senderNonce = kPeerNonce;
-      hello.channel = static_cast<uint32_t>(c);
-      hello.numChannels = static_cast<uint32_t>(numChannels);
-      hello.rank = kPeerRank;
-      channels[static_cast<size_t>(c)].fd = Connect(mine.addresses[static_cast<size_t>(c)]);
-      SendHello(channels[static_cast<size_t>(c)].fd, h, hello);
-    }
-
     std::unique_ptr<tcp::TcpLink> link;
-    try {
-      link = std::make_unique<tcp::TcpLink>(std::move(listener), tcp::EncodeHandle(peer), kPeerRank,
-                                            Deadline::After(kHarnessWaitS));
-    } catch (const mori::core::Error& e) {
-      MORI_FUZZ_ASSERT(false, "the link did not come up with the harness's channels: %s", e.what());
-    }
+    int stranger = -1;
     bool strangerTookChannel0 = false;
-    if (stranger >= 0) {
-      strangerTookChannel0 = StrangerOutcome(stranger) == 1;
-      MORI_FUZZ_ASSERT(strangerTookChannel0 == strangerValid, "a stranger's hello was %s",
-                       strangerValid ? "refused though valid" : "accepted though not valid");
-      if (strangerTookChannel0) {
-        close(channels[0].fd);  // left in the closed listener's queue
-        channels[0].fd = stranger;
-        stranger = -1;
+    if (connect) {
+      link = ConnectLink(std::move(listener), numChannels, replies, options, channels);
+      if (!link) {  // refused, as it had to be; nothing of the stream was sent
+        for (PeerChannel& ch : channels) {
+          if (ch.fd >= 0) CloseWithReset(ch.fd);  // no TIME_WAIT pair left behind
+        }
+        DeregisterAndCheck(regions);
+        CheckNothingLeft(fdsBefore, threadsBefore);
+        return;
+      }
+    } else {
+      const tcp::TcpHandle mine = listener.Handle();
+      tcp::TcpHandle peer;
+      peer.nonce = kPeerNonce;
+      peer.rank = peerRank_;
+      peer.addresses = mine.addresses;  // never dialled: the harness connects
+
+      bool strangerValid = false;
+      if (!strangerHello.empty()) {
+        tcp::FrameHeader h;
+        tcp::HelloPayload hello;
+        std::memcpy(&h, strangerHello.data(), sizeof(h));
+        std::memcpy(&hello, strangerHello.data() + sizeof(h), sizeof(hello));
+        if (options & kRealNonce) hello.nonce = mine.nonce;
+        strangerValid = tcp::CheckFrame(h).empty() && h.type == static_cast<uint16_t>(tcp::FrameType::Hello) &&
+                        tcp::CheckHello(hello, mine.nonce, kPeerNonce, numChannels).empty() && hello.channel == 0 &&
+                        hello.rank == peerRank_;
+        stranger = Connect(mine.addresses[0]);
+        SendHello(stranger, h, hello);
+      }
+      for (int c = 0; c < numChannels; ++c) {
+        tcp::FrameHeader h = tcp::MakeFrame(tcp::FrameType::Hello);
+        h.length = sizeof(tcp::HelloPayload);
+        tcp::HelloPayload hello{};
+        hello.nonce = mine.nonce;
+        hello.senderNonce = kPeerNonce;
+        hello.channel = static_cast<uint32_t>(c);
+        hello.numChannels = static_cast<uint32_t>(numChannels);
+        hello.rank = peerRank_;
+        channels[static_cast<size_t>(c)].fd = Connect(mine.addresses[static_cast<size_t>(c)]);
+        SendHello(channels[static_cast<size_t>(c)].fd, h, hello);
+      }
+
+      try {
+        link = std::make_unique<tcp::TcpLink>(std::move(listener), tcp::EncodeHandle(peer), peerRank_,
+                                              Deadline::After(kHarnessWaitS));
+      } catch (const mori::core::Error& e) {
+        MORI_FUZZ_ASSERT(false, "the link did not come up with the harness's channels: %s", e.what());
+      }
+      if (stranger >= 0) {
+        strangerTookChannel0 = StrangerOutcome(stranger) == 1;
+        MORI_FUZZ_ASSERT(strangerTookChannel0 == strangerValid, "a stranger's hello was %s",
+                         strangerValid ? "refused though valid" : "accepted though not valid");
+        if (strangerTookChannel0) {
+          close(channels[0].fd);  // left in the closed listener's queue
+          channels[0].fd = stranger;
+          stranger = -1;
+        }
       }
     }
     MORI_FUZZ_ASSERT(link->RefusedConnections() == (stranger >= 0 ? 1 : 0), "%d connections refused",
@@ -380,6 +487,22 @@ class Harness {
     }
     link.reset();
 
+    DeregisterAndCheck(regions);
+    for (size_t c = 0; c < channels.size(); ++c) {
+      // A connecting link's channels begin with its hellos, which the harness read during the setup.
+      CheckAnswers(static_cast<int>(c), channels[c].in, !connect && !(c == 0 && strangerTookChannel0), issue, reads,
+                   atomics, orderedSent[c], regions);
+    }
+    for (PeerChannel& ch : channels) {
+      if (ch.fd >= 0) close(ch.fd);
+    }
+    if (stranger >= 0) close(stranger);
+    CheckNothingLeft(fdsBefore, threadsBefore);
+  }
+
+ private:
+  // Waits until no receiver holds a region any more, then checks that no byte a frame does not name changed.
+  static void DeregisterAndCheck(std::vector<Region>& regions) {
     for (uint32_t r = 0; r < kRegions; ++r) {
       const auto start = std::chrono::steady_clock::now();
       tcp::DeregisterTcpMemory(regions[r].key);  // waits while a receiver still holds the memory
@@ -391,21 +514,157 @@ class Harness {
                          kRegionSpecs[r].bytes);
       }
     }
-    for (size_t c = 0; c < channels.size(); ++c) {
-      CheckAnswers(static_cast<int>(c), channels[c].in, !(c == 0 && strangerTookChannel0), issue, reads, atomics,
-                   orderedSent[c], regions);
-    }
-    for (PeerChannel& ch : channels) {
-      if (ch.fd >= 0) close(ch.fd);
-    }
-    if (stranger >= 0) close(stranger);
+  }
+
+  static void CheckNothingLeft(size_t fdsBefore, size_t threadsBefore) {
     MORI_FUZZ_ASSERT(SettlesAt("/proc/self/fd", fdsBefore), "%zu descriptors open before the input, %zu after",
                      fdsBefore, CountEntries("/proc/self/fd"));
     MORI_FUZZ_ASSERT(SettlesAt("/proc/self/task", threadsBefore), "%zu threads before the input, %zu after",
                      threadsBefore, CountEntries("/proc/self/task"));
   }
 
- private:
+  // kConnect: the harness plays the accepting rank 0 on listeners of its own. Channel by channel it takes the
+  // link's connection, checks the hello on it and answers with the input's reply (or an acceptor's HelloAck), cut
+  // short where the input ends in it, and stops at the first reply that no acceptor would send. Returns the link
+  // when its setup succeeded, which it must exactly when every reply was an acceptor's; else checks that the setup
+  // failed soon after that reply with mori's Error naming the channel and the cause, and returns null.
+  std::unique_ptr<tcp::TcpLink> ConnectLink(tcp::TcpListener listener, int numChannels,
+                                            const std::vector<std::vector<uint8_t>>& replies, uint8_t options,
+                                            std::vector<PeerChannel>& channels) const {
+    namespace net = mori::core::net;
+    using mori::core::StrFormat;
+    const uint64_t linkNonce = listener.Handle().nonce;
+    tcp::TcpHandle acceptor;
+    acceptor.nonce = kPeerNonce;
+    acceptor.rank = peerRank_;
+    std::vector<mori::core::UniqueFd> listeners;
+    for (int c = 0; c < numChannels; ++c) {
+      net::SocketAddress a = net::InterfaceAddressOf("lo");
+      a.SetPort(0);
+      listeners.push_back(net::Listen(a, 4));
+      acceptor.addresses.push_back(a);
+    }
+    const std::vector<uint8_t> acceptorHandle = tcp::EncodeHandle(acceptor);
+
+    struct Setup {
+      std::atomic<bool> done{false};
+      std::unique_ptr<tcp::TcpLink> link;
+      bool moriError = false;
+      ErrorCode code = ErrorCode::Internal;
+      std::string what;
+    } setup;
+    std::thread connector([&] {
+      try {
+        setup.link = std::make_unique<tcp::TcpLink>(std::move(listener), acceptorHandle, peerRank_,
+                                                    Deadline::After(kHarnessWaitS));
+      } catch (const mori::core::Error& e) {
+        setup.moriError = true;
+        setup.code = e.Code();
+        setup.what = e.what();
+      } catch (const std::exception& e) {
+        setup.what = e.what();
+      }
+      setup.done = true;
+    });
+
+    const Deadline deadline = Deadline::After(kHarnessWaitS);
+    auto lastReply = std::chrono::steady_clock::now();
+    int refusedAt = -1;  // the channel whose reply no acceptor would send
+    bool cut = false;    // that reply was cut short
+    std::string cause;   // else what is wrong with it
+    int connected = 0;
+    for (int c = 0; c < numChannels && refusedAt < 0; ++c) {
+      const int fd = AcceptChannel(listeners[static_cast<size_t>(c)].Get(), setup.done, deadline, c);
+      if (fd < 0) break;
+      ++connected;
+      channels[static_cast<size_t>(c)].fd = fd;
+      CheckConnectorHello(fd, c, numChannels, linkNonce, deadline);
+
+      std::vector<uint8_t> reply(sizeof(tcp::FrameHeader));
+      if (replies.empty()) {
+        const tcp::FrameHeader real = RealReply(c, linkNonce);
+        std::memcpy(reply.data(), &real, sizeof(real));
+      } else {
+        reply = replies[static_cast<size_t>(c)];
+        constexpr size_t kArg0 = offsetof(tcp::FrameHeader, arg0);
+        for (size_t i = kArg0; (options & kRealNonce) && i < std::min(kArg0 + 8, reply.size()); ++i) {
+          reply[i] ^= static_cast<uint8_t>(linkNonce >> (8 * (i - kArg0)));
+        }
+      }
+      size_t sent = 0;
+      while (sent < reply.size()) {  // 64 bytes at most: the socket takes them at once
+        ssize_t k = send(fd, reply.data() + sent, reply.size() - sent, MSG_NOSIGNAL);
+        MORI_FUZZ_ASSERT(k > 0 || errno == EINTR, "reply on channel %d: %s", c, std::strerror(errno));
+        if (k > 0) sent += static_cast<size_t>(k);
+      }
+      if (reply.size() < sizeof(tcp::FrameHeader)) {
+        refusedAt = c;
+        cut = true;
+        if (options & kReset) {
+          CloseWithReset(fd);
+          channels[static_cast<size_t>(c)].fd = -1;
+        } else {
+          (void)shutdown(fd, SHUT_WR);
+        }
+      } else {
+        tcp::FrameHeader h;
+        std::memcpy(&h, reply.data(), sizeof(h));
+        cause = ReplyFault(h, c, linkNonce);
+        if (!cause.empty()) refusedAt = c;
+      }
+      lastReply = std::chrono::steady_clock::now();
+    }
+    while (!setup.done) {
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - lastReply).count();
+      MORI_FUZZ_ASSERT(s < kSetupEndS, "the link's setup went on %.1f s after channel %d's %s", s, connected - 1,
+                       refusedAt < 0 ? "reply"
+                       : cut         ? "reply cut short"
+                                     : "malformed reply");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    connector.join();
+
+    if (refusedAt < 0) {
+      MORI_FUZZ_ASSERT(setup.link != nullptr,
+                       "the link's setup failed with %d of %d channels answered as an "
+                       "acceptor answers: %s",
+                       connected, numChannels, setup.what.c_str());
+      return std::move(setup.link);
+    }
+    MORI_FUZZ_ASSERT(setup.link == nullptr, "the link came up though channel %d's reply %s", refusedAt,
+                     cut ? "was cut short" : ("was no acceptor's: " + cause).c_str());
+    MORI_FUZZ_ASSERT(setup.moriError, "the setup failed with an exception that is not mori's: %s", setup.what.c_str());
+    const std::string channel = StrFormat("rank %d's Tcp channel %d", peerRank_, refusedAt);
+    const auto says = [&](const std::string& words) { return setup.what.find(words) != std::string::npos; };
+    if (cut) {
+      MORI_FUZZ_ASSERT(setup.code == ErrorCode::RemoteFailure && says(channel + " did not accept the channel"),
+                       "channel %d's reply, cut short, ended the setup with: %s", refusedAt, setup.what.c_str());
+    } else {
+      MORI_FUZZ_ASSERT(setup.code == ErrorCode::Protocol && says(channel + " answered the hello with") && says(cause),
+                       "channel %d's reply (no acceptor's: \"%s\") ended the setup with: %s", refusedAt, cause.c_str(),
+                       setup.what.c_str());
+    }
+    return nullptr;
+  }
+
+  // The hello a connecting link sends on channel `channel`: one an acceptor takes (tcp_setup.cpp's ReadHello).
+  void CheckConnectorHello(int fd, int channel, int numChannels, uint64_t linkNonce, const Deadline& deadline) const {
+    tcp::FrameHeader h;
+    tcp::HelloPayload hello;
+    RecvExactly(fd, &h, sizeof(h), deadline, "the link's hello");
+    RecvExactly(fd, &hello, sizeof(hello), deadline, "the link's hello");
+    MORI_FUZZ_ASSERT(h.magic == tcp::kFrameMagic && h.version == tcp::kWireVersion &&
+                         h.type == static_cast<uint16_t>(tcp::FrameType::Hello) && h.length == sizeof(hello),
+                     "channel %d began with a %s frame of %u bytes, not a hello", channel, tcp::FrameTypeName(h.type),
+                     h.length);
+    MORI_FUZZ_ASSERT(hello.nonce == kPeerNonce && hello.senderNonce == linkNonce &&
+                         hello.channel == static_cast<uint32_t>(channel) &&
+                         hello.numChannels == static_cast<uint32_t>(numChannels) && hello.rank == linkRank_,
+                     "channel %d's hello names connection %016llx from %016llx, channel %u of %u, rank %d", channel,
+                     static_cast<unsigned long long>(hello.nonce), static_cast<unsigned long long>(hello.senderNonce),
+                     hello.channel, hello.numChannels, hello.rank);
+  }
+
   // Marks the bytes that the frames the link may apply name. A channel's receiver stops at the first frame it
   // refuses, so what follows that frame on its channel names nothing; only refusals that the stream alone decides
   // are followed here (a frame that is refused for a reason of timing or of the link's own requests only leaves
@@ -533,6 +792,9 @@ class Harness {
       }
     }
   }
+
+  int linkRank_ = 0;
+  int peerRank_ = 1;
 };
 
 }  // namespace

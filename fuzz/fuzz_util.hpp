@@ -21,12 +21,18 @@ constexpr size_t kFdChannelUidOffset = 36;
 // fuzz_tcp_stream's peer nonce (fixed, so that a seed's hello can carry it) and the option bits of its first byte.
 namespace tcp_stream {
 constexpr uint64_t kPeerNonce = 0x7a7a756670656572ull;
-constexpr uint8_t kChannelBits = 3;      // 1 to 4 channels
-constexpr uint8_t kIssue = 1 << 2;       // the link issues a read (ids 1, 2), a fetch-add (3), a compare-swap (4)
-constexpr uint8_t kFuzzHello = 1 << 3;   // a stranger connects to channel 0's listener first with the input's hello
-constexpr uint8_t kRealNonce = 1 << 4;   // the stranger's hello carries the listener's (random) nonce
+constexpr uint8_t kChannelBits = 3;  // 1 to 4 channels
+constexpr uint8_t kIssue = 1 << 2;   // the link issues a read (ids 1, 2), a fetch-add (3), a compare-swap (4)
+// Accepting link: a stranger connects to channel 0's listener first with the input's hello. Connecting link
+// (kConnect): the acceptor's replies to the link's hellos are the input's, one 64-byte header per channel.
+constexpr uint8_t kFuzzHello = 1 << 3;
+// The stranger's hello carries the listener's (random) nonce; with kConnect, each reply's arg0 is XORed with the
+// link's (random) nonce, so that 0 there is the nonce a real acceptor sends back.
+constexpr uint8_t kRealNonce = 1 << 4;
 constexpr uint8_t kDeviceRead = 1 << 5;  // the link's read lands in (emulated) device memory
-constexpr uint8_t kReset = 1 << 6;       // the peer ends with a reset (SO_LINGER 0), not an orderly close
+// The peer ends with a reset (SO_LINGER 0), not an orderly close; with kConnect, so does a reply cut short.
+constexpr uint8_t kReset = 1 << 6;
+constexpr uint8_t kConnect = 1 << 7;  // the link under test connects (rank 1) to the harness's listeners (rank 0)
 }  // namespace tcp_stream
 
 // fuzz_emulated_nic's input encoding, shared with the seed writer. The first byte holds these options, the second
