@@ -22,12 +22,13 @@ fi
 generator=()
 command -v ninja >/dev/null && [ ! -f "$dir/CMakeCache.txt" ] && generator=(-G Ninja)
 start=$SECONDS
+# The seed writer is built too (not run), so that a change that breaks it fails here.
 # -O1 with line tables: quick to build on a small machine, fast enough to fuzz, sanitizer reports name lines.
 if ! CC=$cc CXX=$cxx cmake -S . -B "$dir" "${generator[@]}" -DMORI_GPU_BACKEND=HOST -DMORI_BUILD_FUZZ=ON \
        -DMORI_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -gline-tables-only" \
        -DMORI_BUILD_TESTS=OFF -DMORI_BUILD_EXAMPLES=OFF -DMORI_BUILD_BENCH=OFF -DMORI_BUILD_TOOLS=OFF \
        -DMORI_BUILD_PYTHON=OFF -DMORI_ENABLE_MPI=OFF > "$dir.configure.log" 2>&1 ||
-   ! cmake --build "$dir" --parallel "$(nproc)" --target "${targets[@]}" > "$dir.build.log" 2>&1; then
+   ! cmake --build "$dir" --parallel "$(nproc)" --target "${targets[@]}" fuzz_seed_corpus > "$dir.build.log" 2>&1; then
   tail -n 60 "$dir.configure.log" "$dir.build.log" 2>/dev/null
   echo "fuzz: build failed"
   exit 1
