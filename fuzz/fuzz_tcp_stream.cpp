@@ -227,10 +227,10 @@ int StrangerOutcome(int fd) {
   return 1;
 }
 
+// fuzz_os.hpp's CloseHard for a descriptor the harness holds bare.
 void CloseWithReset(int fd) {
-  const linger hard{1, 0};
-  (void)setsockopt(fd, SOL_SOCKET, SO_LINGER, &hard, sizeof(hard));
-  close(fd);
+  mori::core::UniqueFd owned(fd);
+  mori::fuzz::CloseHard(owned);
 }
 
 void RecvExactly(int fd, void* data, size_t bytes, const Deadline& deadline, const char* what) {
