@@ -181,7 +181,10 @@ TEST(BootstrapRegistration, ATableThatCannotBeTheRootsIsRefused) {
   };
   const std::pair<net::WireAddress, const char*> bad[] = {{Wire("0.0.0.0:29500"), "unspecified address"},
                                                           {Wire("127.0.0.1:0"), "port 0"}};
-  for (const auto& [other, why] : bad) {
+  for (const auto& entry : bad) {
+    // Named, not a structured binding: C++17 lambdas cannot capture those (hipcc refuses).
+    const net::WireAddress& other = entry.first;
+    const char* why = entry.second;
     ErrorCode code = ErrorCode::Internal;
     const std::string error = RegisterAgainst(
         1, 2, [&](const HelloPayload& h) { return table(h, other); }, &code);
