@@ -58,6 +58,20 @@ MORI_GLOBAL void TrapInOneThread(uint32_t* out, unsigned victim) {
   out[GlobalThreadIdx()] = 1;
 }
 
+// The first of two kernels: lets the next one start at once, then writes its pattern late (after `delayNs`).
+MORI_GLOBAL void WriteLateAllowingDependents(uint32_t* out, uint64_t delayNs) {
+  AllowDependentLaunch();
+  const uint64_t end = DeviceWallClockNs() + delayNs;
+  while (DeviceWallClockNs() < end) SpinPause();
+  out[GlobalThreadIdx()] = GlobalThreadIdx() * 7u + 5u;
+}
+
+// The second: started early, it reads the first kernel's pattern only after waiting for that kernel.
+MORI_GLOBAL void ReadAfterThePrerequisite(const uint32_t* in, uint32_t* out) {
+  WaitForPrerequisiteGrid();
+  out[GlobalThreadIdx()] = in[GlobalThreadIdx()] + 1u;
+}
+
 class Kernel : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -83,6 +97,30 @@ class Kernel : public ::testing::Test {
 TEST_F(Kernel, EveryThreadRunsOnceWithItsIndex) {
   auto out = Run(WriteGlobalIndex, Dim3(4), Dim3(32));
   for (uint32_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], i * 3 + 1) << "thread " << i;
+}
+
+// LaunchKernelEarly: the kernel may start before the one before it ends (CUDA, sm_90), and what that kernel
+// wrote is visible after WaitForPrerequisiteGrid; on HIP and HOST it is a plain launch. Either way the second
+// kernel must read the whole pattern, the last of it written 200 us after the first kernel started.
+TEST_F(Kernel, AKernelLaunchedEarlyReadsWhatTheKernelBeforeItWrote) {
+  constexpr unsigned kBlocks = 8, kThreads = 64, n = kBlocks * kThreads;
+  uint32_t *first = nullptr, *second = nullptr;
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&first), n * 4), kGpuSuccess);
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&second), n * 4), kGpuSuccess);
+  for (int round = 0; round < 3; ++round) {
+    ASSERT_EQ(GpuMemset(first, 0xff, n * 4), kGpuSuccess);
+    ASSERT_EQ(GpuMemset(second, 0xff, n * 4), kGpuSuccess);
+    LaunchKernel(WriteLateAllowingDependents, Dim3(kBlocks), Dim3(kThreads), 0, nullptr, first, uint64_t{200'000});
+    LaunchKernelEarly(ReadAfterThePrerequisite, Dim3(kBlocks), Dim3(kThreads), 0, nullptr,
+                      static_cast<const uint32_t*>(first), second);
+    ASSERT_EQ(GpuGetLastError(), kGpuSuccess);
+    ASSERT_EQ(GpuDeviceSynchronize(), kGpuSuccess);
+    std::vector<uint32_t> host(n);
+    ASSERT_EQ(GpuMemcpy(host.data(), second, n * 4), kGpuSuccess);
+    for (uint32_t i = 0; i < n; ++i) ASSERT_EQ(host[i], i * 7u + 6u) << "round " << round << ", thread " << i;
+  }
+  EXPECT_EQ(GpuFree(first), kGpuSuccess);
+  EXPECT_EQ(GpuFree(second), kGpuSuccess);
 }
 
 TEST_F(Kernel, TwoDimensionalGridsAndBlocks) {

@@ -55,6 +55,13 @@
 #define MORI_DEVICE_NOINLINE inline __attribute__((noinline))
 #endif
 
+// Unrolls the loop that follows, for the GPU compilers (a host compiler would warn of an unknown pragma).
+#if MORI_GPU_COMPILER
+#define MORI_UNROLL _Pragma("unroll")
+#else
+#define MORI_UNROLL
+#endif
+
 // Branch hints for the checks on hot paths: the failing side is laid out of the way.
 #define MORI_LIKELY(...) __builtin_expect(!!(__VA_ARGS__), 1)
 #define MORI_UNLIKELY(...) __builtin_expect(!!(__VA_ARGS__), 0)

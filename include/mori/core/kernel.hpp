@@ -169,6 +169,26 @@ MORI_DEVICE_INLINE T LoadReadOnly(const T* p) {
 #endif
 }
 
+// Programmatic dependent launch (CUDA on sm_90 and later; elsewhere both do nothing). A kernel launched by
+// LaunchKernelEarly may start while the kernel before it on the stream is still running: once every block of
+// that kernel has called AllowDependentLaunch (or exited). Before it reads anything the kernel before it
+// wrote, and before it ends, it calls WaitForPrerequisiteGrid, which returns once that kernel has completed
+// and its writes are visible. What the early start saves is the launch latency between the two kernels
+// (measured on two H100s: about 5 us between an EP send kernel's last store and its receive kernel's first
+// instruction). The later kernel's blocks may then wait beside the earlier one's, so a kernel should allow
+// dependents only once every block it still needs is running.
+MORI_DEVICE_INLINE void AllowDependentLaunch() {
+#if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+MORI_DEVICE_INLINE void WaitForPrerequisiteGrid() {
+#if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Launches `kernel` (a MORI_GLOBAL function) on `stream`. Arguments are copied into the launch as
 // <<<>>> copies them, so pointers and POD handles are what a kernel should take.
 template <typename... Params, typename... Args>
@@ -182,6 +202,30 @@ void LaunchKernel(void (*kernel)(Params...), Dim3 grid, Dim3 block, size_t share
                [kernel, params = std::tuple<std::decay_t<Params>...>(std::forward<Args>(args)...)]() {
                  std::apply(kernel, params);
                });
+#endif
+}
+
+// LaunchKernel, with the early start described at AllowDependentLaunch on CUDA (an attribute of the launch
+// that devices before sm_90 ignore); on HIP and HOST a plain launch.
+template <typename... Params, typename... Args>
+void LaunchKernelEarly(void (*kernel)(Params...), Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream,
+                       Args&&... args) {
+  static_assert(sizeof...(Params) == sizeof...(Args), "LaunchKernelEarly: wrong number of kernel arguments");
+#if MORI_GPU_COMPILER && MORI_BACKEND_CUDA
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = sharedBytes;
+  config.stream = stream;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  // A failure stays for GpuGetLastError, as one of <<<>>> does.
+  (void)cudaLaunchKernelEx(&config, kernel, std::decay_t<Params>(std::forward<Args>(args))...);
+#else
+  LaunchKernel(kernel, grid, block, sharedBytes, stream, std::forward<Args>(args)...);
 #endif
 }
 
