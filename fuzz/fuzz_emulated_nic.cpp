@@ -226,17 +226,7 @@ class Harness {
   }
 
   static net::SocketAddress WireOf(const RdmaEndpointHandle& h, uint16_t port) {
-    static const uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-    net::WireAddress w{};
-    if (std::memcmp(h.gid, kMappedPrefix, 12) == 0) {
-      w.family = AF_INET;
-      std::memcpy(w.addr, h.gid + 12, 4);
-    } else {
-      w.family = AF_INET6;
-      std::memcpy(w.addr, h.gid, 16);
-    }
-    w.port = port;
-    return net::SocketAddress::FromWire(w);
+    return net::SocketAddress::FromWire(em::WireAddressOf(h.gid, port));
   }
 
   uint32_t Psn(uint32_t relative) const { return (relative & ~kPsnMask) | ((relative + startPsn_) & kPsnMask); }

@@ -318,16 +318,7 @@ void SoftNic::ConnectEndpoint(const RdmaEndpointHandle& local, const RdmaEndpoin
              core::ErrorCode::InvalidUsage,
              "emulated NIC: the remote endpoint (QP %u) was not made by an emulated NIC (no wire port or nonce)",
              remote.qpn);
-  net::WireAddress w{};
-  static const uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  if (std::memcmp(remote.gid, kMappedPrefix, 12) == 0) {
-    w.family = AF_INET;
-    std::memcpy(w.addr, remote.gid + 12, 4);
-  } else {
-    w.family = AF_INET6;
-    std::memcpy(w.addr, remote.gid, 16);
-  }
-  w.port = remote.wirePort;
+  const net::WireAddress w = WireAddressOf(remote.gid, remote.wirePort);
   std::lock_guard<std::mutex> lock(mutex_);
   Qp& qp = QpOf(local, "ConnectEndpoint");
   MORI_CHECK(!qp.connected, core::ErrorCode::InvalidUsage, "emulated NIC: QP %u is already connected", qp.qpn);

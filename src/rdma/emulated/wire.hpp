@@ -7,9 +7,14 @@
 // dropped by the receiver, never executed or accepted.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
+
+#include "../../core/socket.hpp"
 
 namespace mori::rdma::emulated {
 
@@ -82,6 +87,21 @@ std::string CheckPacketHeader(const PacketHeader& h);
 // Whether `h` is a hello that a NIC whose nonce is `myNonce` admits: it names that nonce and its sender's own.
 inline bool HelloAdmits(const PacketHeader& h, uint64_t myNonce) {
   return IsHello(h.type) && h.raddr == myNonce && h.swapAdd != 0;
+}
+
+// Where an emulated NIC's endpoint listens: its GID (an IPv4-mapped IPv6 address for IPv4) and wire port.
+inline core::net::WireAddress WireAddressOf(const uint8_t (&gid)[16], uint16_t port) {
+  static const uint8_t kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  core::net::WireAddress w{};
+  if (std::memcmp(gid, kMappedPrefix, sizeof(kMappedPrefix)) == 0) {
+    w.family = AF_INET;
+    std::memcpy(w.addr, gid + 12, 4);
+  } else {
+    w.family = AF_INET6;
+    std::memcpy(w.addr, gid, 16);
+  }
+  w.port = port;
+  return w;
 }
 
 }  // namespace mori::rdma::emulated
