@@ -62,6 +62,9 @@ const std::vector<EnvParamInfo>& kRegistry = *new std::vector<EnvParamInfo>{
     {"MORI_SHMEM_TRANSPORT", EnvType::Choice, "auto", "auto|p2p|rdma|proxy",
      "forces one SHMEM transport for every pair of PEs (auto: P2P on the same host, else RDMA where the NIC lets "
      "the GPU post, else Proxy)"},
+    {"MORI_EP_SHARED_GPU", EnvType::Choice, "auto", "auto|yes|no",
+     "EP LowLatency: whether PEs share GPUs (auto: found from the PEs' PCI bus ids). Sharing, the receive waits in "
+     "one block instead of every block, so that a PE on the same GPU keeps room for its kernels"},
     {"MORI_SHMEM_PROXY_CONN", EnvType::Choice, "auto", "auto|rdma|tcp",
      "connections of the SHMEM Proxy transport: rdma (IB0 on a real NIC, else the emulated NIC), tcp, or auto "
      "(IB0 when a real verbs NIC exists, else tcp)"},

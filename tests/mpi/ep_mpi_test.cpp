@@ -478,6 +478,9 @@ TEST(EpTest, HostCheckedBadInputThrowsBeforeAnythingRuns) {
   bad = c.cfg;
   bad.kernel = static_cast<EpKernelType>(7);
   expectThrow([&] { EpDispatchCombineHandle x(bad); }, "kernel type 7 is not an EpKernelType");
+  bad = c.cfg;
+  bad.warpsPerBlock = 17;  // more threads than the kernels are compiled for
+  expectThrow([&] { EpDispatchCombineHandle x(bad); }, "warpsPerBlock 17: at most 16");
   expectThrow([&] { h.DispatchRecv(nullptr); }, "DispatchRecv without a DispatchSend");
   expectThrow([&] { h.CombineRecv(dTokens.Data(), nullptr); }, "CombineRecv without a CombineSend");
   if (!AllP2p()) {
