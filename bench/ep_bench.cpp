@@ -5,10 +5,15 @@
 // token, bf16 combine, 4096 tokens per PE); on HOST a small shape.
 //   mpirun -np 2 ./bench/ep_bench [--tokens N] [--hidden H] [--experts E] [--topk K] [--dtype fp8|bf16]
 //                                 [--kernel intra|inter|ll|both|all, or a comma list] [--iters N] [--warmup N]
-//                                 [--blocks N] [--warps N]
+//                                 [--blocks N] [--warps N] [--phases 1]
+// --phases 1 adds, per kernel type: the host's time to queue a Dispatch; this machine's launch gaps (a kernel's
+// end to the next one's first instruction, launched plainly and early); the GPU time of a Dispatch and of
+// each Combine half with every launch queued behind a 200-us hold kernel (host launch costs out of them), and
+// the host's time to queue each half. Against the plain figure they say how much of a call is launches.
 // LowLatency (ll) receives a row per (token, local expert): its "received" and bandwidth count those rows, as
 // DeepEP counts its low-latency kernels; it is meant for decode batches (--tokens 128).
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -36,16 +41,111 @@ MORI_GLOBAL void CeilingKernel(uint8_t* dst, const uint8_t* src, size_t bytes, i
   if (core::FlatThreadIdx() == 0) shmem::ShmemQuietThread();
 }
 
+// Keeps the stream busy for `ns` so that the launches queued behind it start back to back.
+MORI_GLOBAL void HoldKernel(uint64_t ns, uint64_t* endOut) {
+  const uint64_t end = core::DeviceWallClockNs() + ns;
+  while (core::DeviceWallClockNs() < end) {
+  }
+  *endOut = core::DeviceWallClockNs();
+}
+
+MORI_GLOBAL void StampKernel(uint64_t* out) {
+  core::WaitForPrerequisiteGrid();
+  if (core::FlatBlockIdx() == 0 && core::FlatThreadIdx() == 0) *out = core::DeviceWallClockNs();
+}
+
 struct Args {
   int tokens = MORI_BACKEND_HOST ? 64 : 4096;
   int hidden = MORI_BACKEND_HOST ? 256 : 7168;
-  int experts = 256, topk = 8, iters = MORI_BACKEND_HOST ? 5 : 20, warmup = 3, blocks = 0, warps = 0;
+  int experts = 256, topk = 8, iters = MORI_BACKEND_HOST ? 5 : 20, warmup = 3, blocks = 0, warps = 0, phases = 0;
   std::string dtype = "fp8", kernel = "both";
 };
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// Launch gaps on this machine: a hold kernel's end to the next kernel's first instruction.
+void Gaps(bench::StreamTimer& timer) {
+  core::GpuBuffer t(32);
+  const core::GpuStream s = timer.Stream();
+  for (int mode = 0; mode < 4; ++mode) {
+    std::vector<double> gap;
+    for (int i = 0; i < 20; ++i) {
+      MORI_CHECK_GPU(core::GpuStreamSynchronize(s));
+      core::LaunchKernel(HoldKernel, core::Dim3(1), core::Dim3(1), 0, s, uint64_t(100000), t.DataAs<uint64_t>());
+      const core::Dim3 grid(mode % 2 == 0 ? 1 : 132), block(mode % 2 == 0 ? 32 : 512);
+      if (mode < 2) core::LaunchKernel(StampKernel, grid, block, 0, s, t.DataAs<uint64_t>() + 1);
+      else core::LaunchKernelEarly(StampKernel, grid, block, 0, s, t.DataAs<uint64_t>() + 1);
+      MORI_CHECK_GPU(core::GpuStreamSynchronize(s));
+      uint64_t v[2];
+      MORI_CHECK_GPU(core::GpuMemcpy(v, t.Data(), 16));
+      gap.push_back((double(v[1]) - double(v[0])) / 1e3);
+    }
+    std::printf("PE %d launch gap (%s, %s): %.2f us\n", shmem::ShmemMyPe(), mode % 2 == 0 ? "1x32" : "132x512",
+                mode < 2 ? "plain" : "early", Median(gap));
+  }
+}
+
+// The halves of each call, GPU time behind a hold kernel and host time to queue them (see --phases).
+void Phases(const Args& a, ep::EpDispatchCombineHandle& h, ep::EpKernelType kernel, bench::StreamTimer& timer,
+            const core::GpuBuffer& input, const core::GpuBuffer& dIdx, const core::GpuBuffer& dW,
+            const core::GpuBuffer& scales, const core::GpuBuffer& expertOut, core::GpuBuffer& output, bool scaled) {
+  const core::GpuStream s = timer.Stream();
+  core::GpuEvent ev[6];  // dispatch: 0 .. 2 (1 unused); combine: 3 send 4 recv 5
+  for (auto& e : ev) MORI_CHECK_GPU(core::GpuEventCreate(&e));
+  std::vector<double> gpu[4], host[4];
+  using Clock = std::chrono::steady_clock;
+  core::GpuBuffer holdEnd(16);
+  auto hold = [&] {
+    if (!MORI_BACKEND_HOST) {
+      core::LaunchKernel(HoldKernel, core::Dim3(1), core::Dim3(1), 0, s, uint64_t(200000), holdEnd.DataAs<uint64_t>());
+    }
+  };
+  for (int i = 0; i < a.warmup + a.iters; ++i) {
+    Clock::time_point t[6];
+    timer.Barrier();
+    hold();
+    MORI_CHECK_GPU(core::GpuEventRecord(ev[0], s));
+    t[0] = Clock::now();
+    h.DispatchSend(input.Data(), dIdx.DataAs<int32_t>(), dW.DataAs<float>(), scaled ? scales.DataAs<float>() : nullptr,
+                   a.tokens, s);
+    t[1] = Clock::now();
+    // No event between the halves: the receive kernel may start early after the send kernel (LowLatency), and
+    // an event between them would stop it; the send half's GPU time is the whole dispatch here.
+    (void)h.DispatchRecv(s);
+    t[2] = Clock::now();
+    MORI_CHECK_GPU(core::GpuEventRecord(ev[2], s));
+    MORI_CHECK_GPU(core::GpuStreamSynchronize(s));
+    timer.Barrier();  // combine after a barrier of its own, as the plain figure times it
+    hold();
+    MORI_CHECK_GPU(core::GpuEventRecord(ev[3], s));
+    t[3] = Clock::now();
+    h.CombineSend(expertOut.Data(), s);
+    t[4] = Clock::now();
+    MORI_CHECK_GPU(core::GpuEventRecord(ev[4], s));
+    h.CombineRecv(output.Data(), s);
+    t[5] = Clock::now();
+    MORI_CHECK_GPU(core::GpuEventRecord(ev[5], s));
+    MORI_CHECK_GPU(core::GpuStreamSynchronize(s));
+    if (i < a.warmup) continue;
+    const int from[4] = {0, 1, 3, 4};
+    for (int k = 0; k < 4; ++k) {
+      float ms = 0;
+      // The dispatch's halves have no event between them (above): gpu[0] is both, gpu[1] unused.
+      if (k != 1) {
+        MORI_CHECK_GPU(core::GpuEventElapsedTime(&ms, ev[k == 0 ? 0 : from[k]], ev[k == 0 ? 2 : from[k] + 1]));
+      }
+      gpu[k].push_back(ms * 1e3);
+      host[k].push_back(std::chrono::duration<double, std::micro>(t[from[k] + 1] - t[from[k]]).count());
+    }
+  }
+  for (auto& e : ev) (void)core::GpuEventDestroy(e);
+  std::printf("PE %d %-9s phases, GPU us behind a hold (host us to queue): dispatch %.1f (send %.1f, recv %.1f); "
+              "combine send %.1f (%.1f), recv %.1f (%.1f)\n",
+              shmem::ShmemMyPe(), ep::EpKernelTypeName(kernel), Median(gpu[0]), Median(host[0]), Median(host[1]),
+              Median(gpu[2]), Median(host[2]), Median(gpu[3]), Median(host[3]));
 }
 
 void Run(const Args& a, ep::EpKernelType kernel, bench::StreamTimer& timer) {
@@ -91,14 +191,16 @@ void Run(const Args& a, ep::EpKernelType kernel, bench::StreamTimer& timer) {
   MORI_CHECK_GPU(core::GpuMemcpy(dIdx.Data(), idx.data(), idx.size() * 4));
   MORI_CHECK_GPU(core::GpuMemcpy(dW.Data(), w.data(), w.size() * 4));
 
-  std::vector<double> tDispatch, tCombine;
+  std::vector<double> tDispatch, tCombine, hostUs;
   int received = 0;
   for (int i = 0; i < a.warmup + a.iters; ++i) {
     timer.Barrier();
     ep::EpDispatchResult r{};
+    const auto h0 = std::chrono::steady_clock::now();
     double d = timer.TimeMs([&] {
       r = h.Dispatch(input.Data(), dIdx.DataAs<int32_t>(), dW.DataAs<float>(),
                      c.scaleDim > 0 ? scales.DataAs<float>() : nullptr, a.tokens, timer.Stream());
+      hostUs.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count());
     });
     MORI_CHECK_GPU(core::GpuMemcpy(&received, r.totalRecv, sizeof(int)));
     timer.Barrier();
@@ -110,6 +212,9 @@ void Run(const Args& a, ep::EpKernelType kernel, bench::StreamTimer& timer) {
       tCombine.push_back(cb);
     }
   }
+  if (a.phases != 0) std::printf("PE %d host us to queue a Dispatch: %.1f\n", me, Median(hostUs));
+  if (a.phases != 0 && !MORI_BACKEND_HOST) Gaps(timer);
+  if (a.phases != 0) Phases(a, h, kernel, timer, input, dIdx, dW, scales, expertOut, output, c.scaleDim > 0);
   const double dMs = Median(tDispatch), cMs = Median(tCombine);
   const double dBytes = static_cast<double>(received) * (tokenBytes + c.scaleDim * 4.0);
   const double cBytes = static_cast<double>(received) * rowBytes;
@@ -155,6 +260,7 @@ int main(int argc, char** argv) {
     else if (k == "--blocks") a.blocks = std::atoi(v.c_str());
     else if (k == "--warps") a.warps = std::atoi(v.c_str());
     else if (k == "--kernel") a.kernel = v;
+    else if (k == "--phases") a.phases = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
