@@ -56,7 +56,7 @@ struct EpDispatchCombineConfig {
   DataType dtype = DataType::BFloat16;  // of the dispatched tokens
   int scaleDim = 0;              // per-token scales travelling with fp8 tokens (e.g. hiddenDim/128), 0: none
   EpKernelType kernel = EpKernelType::IntraNode;  // IntraNode (P2P), InterNode (RDMA/Proxy), LowLatency
-  int blocks = 0, warpsPerBlock = 0;              // 0: chosen by mori
+  int blocks = 0, warpsPerBlock = 0;              // 0: chosen by mori; warpsPerBlock at most 16
 };
 
 struct EpDispatchResult {
