@@ -228,7 +228,7 @@ MORI_DEVICE_INLINE void CopyParts(const Part (&parts)[N], unsigned index, unsign
   constexpr int kInFlight = 8;
   size_t words[N];
   size_t total = 0;
-MORI_UNROLL
+  MORI_UNROLL
   for (int k = 0; k < N; ++k) {
     const bool whole = ((reinterpret_cast<uintptr_t>(parts[k].dst) | reinterpret_cast<uintptr_t>(parts[k].src) |
                          parts[k].bytes) & 15) == 0;
@@ -238,7 +238,7 @@ MORI_UNROLL
   // The part and word of virtual word v.
   auto locate = [&](size_t v, int* part) {
     int k = 0;
-MORI_UNROLL
+    MORI_UNROLL
     for (int j = 0; j + 1 < N; ++j) {
       if (k == j && v >= words[j]) {
         v -= words[j];
@@ -250,7 +250,7 @@ MORI_UNROLL
   };
   for (size_t base = index; base < total; base += size_t(kInFlight) * count) {
     Word16 w[kInFlight];
-MORI_UNROLL
+    MORI_UNROLL
     for (int j = 0; j < kInFlight; ++j) {
       const size_t v = base + size_t(j) * count;
       if (v < total) {
@@ -259,7 +259,7 @@ MORI_UNROLL
         w[j] = static_cast<const Word16*>(parts[k].src)[i];
       }
     }
-MORI_UNROLL
+    MORI_UNROLL
     for (int j = 0; j < kInFlight; ++j) {
       const size_t v = base + size_t(j) * count;
       if (v < total) {
@@ -269,7 +269,7 @@ MORI_UNROLL
       }
     }
   }
-MORI_UNROLL
+  MORI_UNROLL
   for (int k = 0; k < N; ++k) {
     if (words[k] == 0 && parts[k].bytes > 0) StridedCopy(parts[k].dst, parts[k].src, parts[k].bytes, index, count);
   }
