@@ -83,7 +83,9 @@ class EpDispatchCombineOp:
         self._keep = None
         self.src_token_pos = None
         self.expert_counts = None
-        self._views = None  # (addresses, tensors over them) of the result buffers
+        # Tensors over the result buffers, by their addresses: LowLatency's row count alternates between two
+        # control blocks from round to round, so two sets are kept.
+        self._views = {}
 
     def _device(self):
         """Where the op's tensors live: the heap's GPU, the current device when the op was built (asked once: it
@@ -141,9 +143,12 @@ class EpDispatchCombineOp:
         addr = tuple(self._h.dispatch_recv(_shmem._stream_handle(stream, op)))
         self._num_tokens, self._pending = self._pending, None
         self._settle(self._keep)
-        if self._views is None or self._views[0] != addr:
-            self._views = (addr, self._make_views(addr))
-        tokens, w, idx, s, total, self.src_token_pos, self.expert_counts = self._views[1]
+        views = self._views.get(addr)
+        if views is None:
+            if len(self._views) >= 4:
+                self._views.clear()
+            views = self._views[addr] = self._make_views(addr)
+        tokens, w, idx, s, total, self.src_token_pos, self.expert_counts = views
         return tokens, w, idx, s, total
 
     def _make_views(self, addr):
