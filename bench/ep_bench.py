@@ -5,6 +5,7 @@ the sum of the token's top-k weights times the token, whichever way it travelled
 
     torchrun --nproc_per_node=2 bench/ep_bench.py [--tokens 4096] [--hidden 7168] [--experts 256] [--topk 8]
              [--impl mori,nccl] [--kernel intra|inter|ll] [--iters 20] [--warmup 3] [--dtype fp8|bf16]
+             [--sync mori|dist]
 
 Counted as bench/ep_bench counts (as DeepEP and MORI count): dispatch bandwidth = bytes of the tokens this rank
 received (with their fp8 scales) / time; combine = the bf16 rows it sends back / time. The NCCL version is the
@@ -37,6 +38,12 @@ def parse():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--profile", type=int, default=0,
+                   help="after the timing, profile the host side of N dispatch and combine calls (cProfile, rank 0)")
+    p.add_argument("--sync", choices=["mori", "dist"], default="mori",
+                   help="the barrier before each timed mori call: mori.shmem.barrier_all (as bench/ep_bench starts "
+                        "its calls) or torch.distributed.barrier; a dispatch cannot end before the last rank's "
+                        "tokens arrive, so the ranks' skew after the barrier is in its time")
     return p.parse_args()
 
 
@@ -69,16 +76,20 @@ class Timer:
 
     def __init__(self, a, gpu):
         self.a, self.gpu = a, gpu
+        self.barrier = dist.barrier  # how every rank starts each timed call together
+        self.host = []  # host microseconds of each timed call (GPU: to queue it)
 
     def one(self, fn):
         if self.gpu:
             torch.cuda.synchronize()
-        dist.barrier()
+        self.barrier()
         if self.gpu:
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            t0 = time.perf_counter()
             out = fn()
+            self.host.append((time.perf_counter() - t0) * 1e6)
             end.record()
             end.synchronize()
             return out, start.elapsed_time(end) * 1e3
@@ -99,7 +110,30 @@ class Timer:
                 tc.append(t2)
         td.sort()
         tc.sort()
+        if self.host:
+            h = sorted(self.host)
+            print(f"rank {dist.get_rank()} host us to queue a call (dispatch or combine), median {h[len(h) // 2]:.1f}",
+                  flush=True)
+            self.host = []
         return d, c, td[len(td) // 2], tc[len(tc) // 2]
+
+
+def profile_host(a, op, x, idx, w, scales, shmem, rank):
+    """Where the host time of a call goes: cProfile around each dispatch and combine only (not the barriers)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    for _ in range(a.profile):
+        shmem.barrier_all()
+        prof.enable()
+        r = op.dispatch(x, idx, w, scales)
+        prof.disable()
+        e = dequant(r[0])
+        prof.enable()
+        op.combine(e)
+        prof.disable()
+    if rank == 0:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 
 
 class NcclEp:
@@ -197,9 +231,13 @@ def main():
         cfg = ep.EpDispatchCombineConfig(hidden_dim=a.hidden, max_tokens_per_rank=a.tokens, num_experts_per_rank=epr,
                                          topk=a.topk, dtype=x.dtype, scale_dim=scale_dim, kernel=kernel)
         op = ep.EpDispatchCombineOp(cfg)
+        if a.sync == "mori":
+            timer.barrier = shmem.barrier_all
         r, outputs["mori"], d_us, c_us = timer.rounds(lambda: op.dispatch(x, idx, w, scales),
                                                       lambda r: dequant(r[0]), op.combine)
         op.check()
+        if a.profile > 0:
+            profile_host(a, op, x, idx, w, scales, shmem, rank)
         # LowLatency receives a row per (token, local expert), as DeepEP's low-latency kernels count.
         report(rank, f"mori {a.kernel}", a, int(r[4].item()), row_bytes, d_us, c_us)
 
