@@ -1325,8 +1325,6 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
   m.sms = static_cast<unsigned>(std::max(sms, 1));
   m.blocks = config.blocks > 0 ? config.blocks : static_cast<unsigned>(std::max(4 * sms, 64));
   m.threads = config.warpsPerBlock > 0 ? config.warpsPerBlock * MORI_WARP_SIZE : 256;
-#endif
-#if !MORI_BACKEND_HOST
   if (config.kernel == EpKernelType::LowLatency) {
     // A decode batch has few tokens: a block of 512 threads per SM sends them with the least wait for its
     // grid (two H100s over NVLink, 128 tokens of the DeepSeek-V3 shape: 132 x 512 dispatched in 31.6-35.4 us
@@ -1459,7 +1457,6 @@ void EpDispatchCombineHandle::DispatchSend(const void* input, const int32_t* ind
   const int W = c.worldSize;
   m.phase = Impl::Phase::DispatchSent;
 
-  if (c.kernel != EpKernelType::LowLatency) MORI_CHECK_GPU(core::GpuMemsetAsync(m.Ctl(), 0, sizeof(Control), stream));
   if (c.kernel == EpKernelType::LowLatency) {
     const unsigned perPe = std::max(1u, m.blocks / static_cast<unsigned>(W));
     LlDispatchArgs la{static_cast<const uint8_t*>(input), indices, weights, scales, numTokens, c.topk, c.scaleDim, W,
@@ -1470,6 +1467,9 @@ void EpDispatchCombineHandle::DispatchSend(const void* input, const int32_t* ind
     CheckLaunch("low-latency dispatch send");
     return;
   }
+  // The other kernel types zero this round's control block on the stream (LowLatency's send kernel zeroed it
+  // a round ahead).
+  MORI_CHECK_GPU(core::GpuMemsetAsync(m.Ctl(), 0, sizeof(Control), stream));
   const bool direct = c.kernel == EpKernelType::IntraNode;
   RouteArgs ra{indices, weights, numTokens, c.topk, c.numExpertsPerRank, W, m.masks.DataAs<uint64_t>(),
                m.slotOf.DataAs<int32_t>(), m.weightSum.DataAs<float>(), m.Counts(0), m.Ctl()};
@@ -1546,9 +1546,10 @@ EpDispatchResult EpDispatchCombineHandle::DispatchRecv(GpuStream stream) {
     }
     LlRecvArgs la{m.recvBuf, wait ? m.sigs : nullptr, m.round, W, c.rank, c.maxTokensPerRank, c.topk, c.scaleDim,
                   c.numExpertsPerRank, m.lay, m.Counts(1), r, m.rowOf.DataAs<int32_t>(), m.Ctl()};
-    // Four blocks of 256 threads per SM (a decode batch has a few rows per expert: more blocks per expert copy
-    // them sooner; two H100s, 128 tokens: 8.4 us for the copies with 512 blocks, 11-14 us with 128), as many
-    // per local expert as the grid holds whole. Its blocks wait only where no other PE shares this GPU.
+    // Four blocks of 256 threads per SM, as many per local expert as the grid holds whole (two H100s, 128
+    // tokens: with a warp per row the copies took 8.4 us over 512 blocks against 11-14 us over 128; with the
+    // present copies the two grids dispatched within run-to-run spread, 34.9-35.8 against 34.8-38.3 us). Its
+    // blocks wait only where no other PE shares this GPU.
     const unsigned E = static_cast<unsigned>(c.numExpertsPerRank);
     const unsigned most = std::max(1u, 4 * m.sms);
     const unsigned blocks = most >= E ? most / E * E : most;
