@@ -93,9 +93,11 @@ void Phases(const Args& a, ep::EpDispatchCombineHandle& h, ep::EpKernelType kern
             const core::GpuBuffer& input, const core::GpuBuffer& dIdx, const core::GpuBuffer& dW,
             const core::GpuBuffer& scales, const core::GpuBuffer& expertOut, core::GpuBuffer& output, bool scaled) {
   const core::GpuStream s = timer.Stream();
-  core::GpuEvent ev[6];  // dispatch: 0 .. 2 (1 unused); combine: 3 send 4 recv 5
+  // GPU: the whole dispatch (its halves have no event between them: the receive kernel may start early after
+  // the send kernel, and an event would stop it), then each combine half. Host: each of the four halves.
+  core::GpuEvent ev[5];  // dispatch 0 .. 1; combine: 2 send 3 recv 4
   for (auto& e : ev) MORI_CHECK_GPU(core::GpuEventCreate(&e));
-  std::vector<double> gpu[4], host[4];
+  std::vector<double> gpu[3], host[4];
   using Clock = std::chrono::steady_clock;
   core::GpuBuffer holdEnd(16);
   auto hold = [&] {
@@ -104,7 +106,7 @@ void Phases(const Args& a, ep::EpDispatchCombineHandle& h, ep::EpKernelType kern
     }
   };
   for (int i = 0; i < a.warmup + a.iters; ++i) {
-    Clock::time_point t[6];
+    Clock::time_point t[6];  // dispatch: 0 send 1 recv 2; combine: 3 send 4 recv 5
     timer.Barrier();
     hold();
     MORI_CHECK_GPU(core::GpuEventRecord(ev[0], s));
@@ -112,40 +114,38 @@ void Phases(const Args& a, ep::EpDispatchCombineHandle& h, ep::EpKernelType kern
     h.DispatchSend(input.Data(), dIdx.DataAs<int32_t>(), dW.DataAs<float>(), scaled ? scales.DataAs<float>() : nullptr,
                    a.tokens, s);
     t[1] = Clock::now();
-    // No event between the halves: the receive kernel may start early after the send kernel (LowLatency), and
-    // an event between them would stop it; the send half's GPU time is the whole dispatch here.
     (void)h.DispatchRecv(s);
     t[2] = Clock::now();
-    MORI_CHECK_GPU(core::GpuEventRecord(ev[2], s));
+    MORI_CHECK_GPU(core::GpuEventRecord(ev[1], s));
     MORI_CHECK_GPU(core::GpuStreamSynchronize(s));
     timer.Barrier();  // combine after a barrier of its own, as the plain figure times it
     hold();
-    MORI_CHECK_GPU(core::GpuEventRecord(ev[3], s));
+    MORI_CHECK_GPU(core::GpuEventRecord(ev[2], s));
     t[3] = Clock::now();
     h.CombineSend(expertOut.Data(), s);
     t[4] = Clock::now();
-    MORI_CHECK_GPU(core::GpuEventRecord(ev[4], s));
+    MORI_CHECK_GPU(core::GpuEventRecord(ev[3], s));
     h.CombineRecv(output.Data(), s);
     t[5] = Clock::now();
-    MORI_CHECK_GPU(core::GpuEventRecord(ev[5], s));
+    MORI_CHECK_GPU(core::GpuEventRecord(ev[4], s));
     MORI_CHECK_GPU(core::GpuStreamSynchronize(s));
     if (i < a.warmup) continue;
-    const int from[4] = {0, 1, 3, 4};
-    for (int k = 0; k < 4; ++k) {
+    const int from[3] = {0, 2, 3};
+    for (int k = 0; k < 3; ++k) {
       float ms = 0;
-      // The dispatch's halves have no event between them (above): gpu[0] is both, gpu[1] unused.
-      if (k != 1) {
-        MORI_CHECK_GPU(core::GpuEventElapsedTime(&ms, ev[k == 0 ? 0 : from[k]], ev[k == 0 ? 2 : from[k] + 1]));
-      }
+      MORI_CHECK_GPU(core::GpuEventElapsedTime(&ms, ev[from[k]], ev[from[k] + 1]));
       gpu[k].push_back(ms * 1e3);
-      host[k].push_back(std::chrono::duration<double, std::micro>(t[from[k] + 1] - t[from[k]]).count());
+    }
+    const int half[4] = {0, 1, 3, 4};
+    for (int k = 0; k < 4; ++k) {
+      host[k].push_back(std::chrono::duration<double, std::micro>(t[half[k] + 1] - t[half[k]]).count());
     }
   }
   for (auto& e : ev) (void)core::GpuEventDestroy(e);
   std::printf("PE %d %-9s phases, GPU us behind a hold (host us to queue): dispatch %.1f (send %.1f, recv %.1f); "
               "combine send %.1f (%.1f), recv %.1f (%.1f)\n",
               shmem::ShmemMyPe(), ep::EpKernelTypeName(kernel), Median(gpu[0]), Median(host[0]), Median(host[1]),
-              Median(gpu[2]), Median(host[2]), Median(gpu[3]), Median(host[3]));
+              Median(gpu[1]), Median(host[2]), Median(gpu[2]), Median(host[3]));
 }
 
 void Run(const Args& a, ep::EpKernelType kernel, bench::StreamTimer& timer) {
