@@ -280,23 +280,29 @@ MORI_DEVICE_INLINE void BlockCopy(void* dst, const void* src, size_t bytes) {
   StridedCopy(dst, src, bytes, core::FlatThreadIdx(), core::FlatBlockDim());
 }
 
-// Block-wide inclusive prefix sum of `flag` (Hillis-Steele in `scan`, blockDim ints of shared memory): returns
-// this thread's inclusive sum and the block's total in *total. Every thread of the block calls it; `scan` may
-// be rewritten once it returns.
-MORI_DEVICE_INLINE int BlockScan(int32_t* scan, int flag, int* total) {
-  const int tid = static_cast<int>(core::FlatThreadIdx()), nt = static_cast<int>(core::FlatBlockDim());
-  scan[tid] = flag;
+// Block-wide inclusive prefix sum of `flag`: returns this thread's inclusive count of set flags and the
+// block's total in *total. A warp counts its flags with one ballot; `scan` (one int per warp of shared memory)
+// holds each warp's count, and each thread adds the counts of the warps before its own. Two block barriers
+// whatever the block's size (a Hillis-Steele scan over the threads took 2 log2(blockDim) + 2: 18 for 256
+// threads, and on HOST, where a warp is one thread and a barrier a futex round, 8 for a block of 8). Every
+// thread of the block calls it; `scan` may be rewritten once it returns.
+MORI_DEVICE_INLINE int BlockScan(int32_t* scan, bool flag, int* total) {
+  const int nt = static_cast<int>(core::FlatBlockDim());
+  const int warp = static_cast<int>(core::WarpId()), warps = (nt + MORI_WARP_SIZE - 1) / MORI_WARP_SIZE;
+  const int width = nt - warp * MORI_WARP_SIZE < MORI_WARP_SIZE ? nt - warp * MORI_WARP_SIZE : MORI_WARP_SIZE;
+  const core::LaneMask lanes = width >= 64 ? ~core::LaneMask(0) : (core::LaneMask(1) << width) - 1;
+  const core::LaneMask votes = core::Ballot(lanes, flag);
+  if (core::LaneId() == 0) scan[warp] = static_cast<int32_t>(core::LaneCount(votes));
   core::SyncThreads();
-  for (int step = 1; step < nt; step <<= 1) {
-    const int add = tid >= step ? scan[tid - step] : 0;
-    core::SyncThreads();
-    scan[tid] += add;
-    core::SyncThreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < warps; ++w) {
+    const int c = scan[w];
+    before += w < warp ? c : 0;
+    all += c;
   }
-  const int mine = scan[tid];
-  *total = scan[nt - 1];
+  *total = all;
   core::SyncThreads();
-  return mine;
+  return before + static_cast<int>(core::LaneCount(votes & core::LanesBelow())) + (flag ? 1 : 0);
 }
 
 // Row i of the flat result comes from source *s, its slot *j there.
@@ -408,7 +414,7 @@ MORI_GLOBAL void MORI_LAUNCH_BOUNDS(kMaxThreads) RouteSlotKernel(RouteArgs a) {
   int running = 0;
   for (int base = 0; base < a.numTokens; base += nt) {
     const int t = base + tid;
-    const int flag = t < a.numTokens ? static_cast<int>((a.masks[t] >> d) & 1) : 0;
+    const bool flag = t < a.numTokens && ((a.masks[t] >> d) & 1) != 0;
     int total = 0;
     const int incl = BlockScan(scan, flag, &total);
     if (t < a.numTokens) a.slotOf[static_cast<size_t>(t) * a.world + d] = flag ? running + incl - 1 : -1;
@@ -989,7 +995,7 @@ MORI_GLOBAL void MORI_LAUNCH_BOUNDS(kMaxThreads) LlDispatchRecvKernel(LlRecvArgs
         }
       }
       int found = 0;
-      const int incl = BlockScan(scan, flag ? 1 : 0, &found);
+      const int incl = BlockScan(scan, flag, &found);
       if (flag) hits[incl - 1] = q;
       core::SyncThreads();
       // This block's hits: n = running + h with n % per == part. The warps split into as many groups as there
@@ -1551,7 +1557,13 @@ EpDispatchResult EpDispatchCombineHandle::DispatchRecv(GpuStream stream) {
     // present copies the two grids dispatched within run-to-run spread, 34.9-35.8 against 34.8-38.3 us). Its
     // blocks wait only where no other PE shares this GPU.
     const unsigned E = static_cast<unsigned>(c.numExpertsPerRank);
+    // On HOST two per "SM" (a block's threads scan every slot, each pass a few block barriers of host threads:
+    // four per SM spent most of the EP suite's time there), still more than one block per expert.
+#if MORI_BACKEND_HOST
+    const unsigned most = std::max(1u, 2 * m.sms);
+#else
     const unsigned most = std::max(1u, 4 * m.sms);
+#endif
     const unsigned blocks = most >= E ? most / E * E : most;
     const unsigned threads = m.gatherThreads;
     const size_t shared = (2 * threads + W + 2) * sizeof(int32_t);
