@@ -1,5 +1,6 @@
 #include "test_util.hpp"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -158,6 +159,22 @@ int FreeTcpPort() {
 }
 
 std::string LoopbackRoot() { return "127.0.0.1:" + std::to_string(FreeTcpPort()); }
+
+std::vector<int> ListeningFds() {
+  std::vector<int> fds;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return fds;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    const int fd = std::atoi(e->d_name);
+    if (fd == dirfd(dir)) continue;
+    int listening = 0;
+    socklen_t len = sizeof(listening);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening != 0) fds.push_back(fd);
+  }
+  closedir(dir);
+  return fds;
+}
 
 int ProbeGpuCount() {
   auto outcome = RunProcesses(

@@ -55,6 +55,9 @@ int FreeTcpPort();
 // A bootstrap root address on loopback at a free port ("127.0.0.1:PORT").
 std::string LoopbackRoot();
 
+// The descriptors of this process's listening sockets (any family), from /proc/self/fd.
+std::vector<int> ListeningFds();
+
 // Number of GPUs, probed in a child process so that this process does not initialise the GPU runtime
 // before it forks (a CUDA context does not survive fork()).
 int ProbeGpuCount();

@@ -1,12 +1,10 @@
 // The communicator between forked processes: registering memory for each transport, sending it to peers
 // (same-host CudaIpc memory arrives mapped), Connect over each transport and its refusals, semaphores over
 // each transport (host Signal/Wait/Poll rounds and a kernel's Wait), and a peer that is gone.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -360,22 +358,8 @@ TEST_F(CommunicatorMp, BadRanksTagsAndTransportsAreRefusedAtTheCall) {
   test::ExpectAllSucceed(outcomes);
 }
 
-// Listening sockets of this process (any kind), from its open descriptors.
-int ListeningSockets() {
-  int n = 0;
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return -1;
-  while (dirent* e = readdir(dir)) {
-    if (e->d_name[0] == '.') continue;
-    const int fd = std::atoi(e->d_name);
-    if (fd == dirfd(dir)) continue;
-    int listening = 0;
-    socklen_t len = sizeof(listening);
-    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) == 0 && listening != 0) ++n;
-  }
-  closedir(dir);
-  return n;
-}
+// Listening sockets of this process (any kind).
+int ListeningSockets() { return static_cast<int>(test::ListeningFds().size()); }
 
 // Futures of a Communicator taken after it is gone are an error naming the call, not a use of freed state; a
 // Tcp connect whose future is never taken closes its listeners with the communicator (before, they stayed

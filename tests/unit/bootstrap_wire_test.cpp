@@ -1,12 +1,8 @@
 // Frame and hello validation of the socket bootstrap, and the unique id encoding.
 #include <gtest/gtest.h>
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -295,26 +291,10 @@ TEST(UniqueIdTest, CreatedIdsListenAtOnce) {
 // then succeed.
 bool Listening(const UniqueId& id) {
   const uint16_t port = net::SocketAddress::Parse(SocketBootstrap::UniqueIdAddress(id)).Port();
-  DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return false;
-  bool found = false;
-  while (dirent* e = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    int accepting = 0;
-    socklen_t len = sizeof(accepting);
-    if (getsockopt(static_cast<int>(fd), SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len) != 0 || !accepting) continue;
-    sockaddr_storage local{};
-    socklen_t localLen = sizeof(local);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &localLen) != 0) continue;
-    const uint16_t localPort = local.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port)
-                               : local.ss_family == AF_INET ? ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port)
-                                                            : 0;
-    if (localPort == port) found = true;
+  for (int fd : test::ListeningFds()) {
+    if (net::LocalAddressOf(fd).Port() == port) return true;
   }
-  closedir(dir);
-  return found;
+  return false;
 }
 
 // Ids that no Initialize takes do not keep listeners without bound: past kMaxUnusedUniqueIds the oldest is
