@@ -1143,6 +1143,7 @@ struct EpDispatchCombineHandle::Impl {
   unsigned blocks = 0, threads = 0, routeThreads = 0;
   unsigned sms = 1;  // multiprocessors of the device (HOST: the blocks)
   unsigned gatherThreads = 0;  // LowLatency's receive kernel
+  unsigned gatherPerSm = 4;    // and its blocks per multiprocessor
   // LowLatency: the receive kernel's blocks wait for the signals themselves (no PE shares this GPU), or a
   // one-block ReceiveKernel waits before it (a PE on the same GPU needs room for its own kernels meanwhile).
   bool waitInGather = true;
@@ -1318,6 +1319,9 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
   m.blocks = config.blocks > 0 ? config.blocks : 2;
   m.threads = config.warpsPerBlock > 0 ? config.warpsPerBlock * MORI_WARP_SIZE : 8;
   m.sms = m.blocks;
+  // Each LowLatency gather block scans every slot, each pass a few block barriers of host threads: two blocks
+  // per "SM", not four (four spent most of the EP suite's time there), still more than one per expert.
+  m.gatherPerSm = 2;
 #else
   // Four blocks of 256 threads per SM: on an H200 (2 PEs under MPS, DeepSeek-V3 shape) 64 blocks gave 774 us
   // per dispatch, 132 x 256 462 us, 528 x 256 299 us.
@@ -1552,18 +1556,12 @@ EpDispatchResult EpDispatchCombineHandle::DispatchRecv(GpuStream stream) {
     }
     LlRecvArgs la{m.recvBuf, wait ? m.sigs : nullptr, m.round, W, c.rank, c.maxTokensPerRank, c.topk, c.scaleDim,
                   c.numExpertsPerRank, m.lay, m.Counts(1), r, m.rowOf.DataAs<int32_t>(), m.Ctl()};
-    // Four blocks of 256 threads per SM, as many per local expert as the grid holds whole (two H100s, 128
-    // tokens: with a warp per row the copies took 8.4 us over 512 blocks against 11-14 us over 128; with the
-    // present copies the two grids dispatched within run-to-run spread, 34.9-35.8 against 34.8-38.3 us). Its
-    // blocks wait only where no other PE shares this GPU.
+    // On GPUs four blocks of 256 threads per SM (m.gatherPerSm), as many per local expert as the grid holds
+    // whole (two H100s, 128 tokens: with a warp per row the copies took 8.4 us over 512 blocks against 11-14 us
+    // over 128; with the present copies the two grids dispatched within run-to-run spread, 34.9-35.8 against
+    // 34.8-38.3 us). Its blocks wait only where no other PE shares this GPU.
     const unsigned E = static_cast<unsigned>(c.numExpertsPerRank);
-    // On HOST two per "SM" (a block's threads scan every slot, each pass a few block barriers of host threads:
-    // four per SM spent most of the EP suite's time there), still more than one block per expert.
-#if MORI_BACKEND_HOST
-    const unsigned most = std::max(1u, 2 * m.sms);
-#else
-    const unsigned most = std::max(1u, 4 * m.sms);
-#endif
+    const unsigned most = std::max(1u, m.gatherPerSm * m.sms);
     const unsigned blocks = most >= E ? most / E * E : most;
     const unsigned threads = m.gatherThreads;
     const size_t shared = (2 * threads + W + 2) * sizeof(int32_t);
