@@ -44,6 +44,10 @@ def parse():
                    help="the barrier before each timed mori call: mori.shmem.barrier_all (as bench/ep_bench starts "
                         "its calls) or torch.distributed.barrier; a dispatch cannot end before the last rank's "
                         "tokens arrive, so the ranks' skew after the barrier is in its time")
+    p.add_argument("--host-split", type=int, default=0,
+                   help="after the timing, N more rounds that time each host call on its own (mori): the op's "
+                        "dispatch_send, dispatch_recv and combine, and in every other round the same through the "
+                        "C++ handle directly (no argument checks, no views)")
     return p.parse_args()
 
 
@@ -134,6 +138,70 @@ def profile_host(a, op, x, idx, w, scales, shmem, rank):
         prof.disable()
     if rank == 0:
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+
+
+def host_split(a, op, x, idx, w, scales, shmem, rank):
+    """Host microseconds of each call of a dispatch and combine, after a barrier and a device synchronisation as
+    in the timed rounds, three ways in turn: the op's Python methods, the same with combine's output tensor
+    passed in (no allocation), and the C++ handle directly (no argument checks, no views): what the Python
+    layer itself adds, and what of it is torch's allocator."""
+    import mori.shmem as ms
+    pc = time.perf_counter
+    gpu = torch.cuda.is_available()
+    # On HOST the handle's calls return with their kernels queued (the op's own methods wait for them): status()
+    # waits, before the tensors they read are dropped.
+    sync = torch.cuda.synchronize if gpu else (lambda: op._h.status(0))
+    names = ["dispatch_send", "dispatch_recv", "combine"]
+    modes = ["op", "op, out given", "C++ handle"]
+    times = {(n, m): [] for n in names for m in modes}
+    stream = ms._stream_handle(None, "ep_bench")
+    ptrs = (x.data_ptr(), idx.data_ptr(), w.data_ptr(), scales.data_ptr() if scales is not None else 0)
+    e = out = None
+    for i in range(len(modes) * a.host_split):
+        mode = modes[i % len(modes)] if e is not None else modes[0]
+        raw = mode == modes[2]
+        shmem.barrier_all()
+        sync()
+        t0 = pc()
+        if raw:
+            op._h.dispatch_send(*ptrs, x.shape[0], stream)
+        else:
+            op.dispatch_send(x, idx, w, scales)
+        t1 = pc()
+        if raw:
+            op._h.dispatch_recv(stream)
+        else:
+            r = op.dispatch_recv()
+        t2 = pc()
+        if not raw:
+            e = dequant(r[0])
+        sync()
+        t3 = pc()
+        if raw:
+            op._h.combine(e.data_ptr(), out.data_ptr(), stream)
+        elif mode == modes[1]:
+            op.combine(e, out=out)
+        else:
+            out = op.combine(e)
+        t4 = pc()
+        sync()
+        for n, dt in zip(names, (t1 - t0, t2 - t1, t4 - t3)):
+            times[(n, mode)].append(dt * 1e6)
+    calls = 2000
+    each = {}
+    for what, fn in (("a trivial handle call", op._h.combine_dtype),
+                     ("the stream lookup", lambda: ms._stream_handle(None, "ep_bench")),
+                     ("one tensor's checks", lambda: op._check(x, "x", op.dtype, tuple(x.shape), "ep_bench")),
+                     ("torch.empty of combine's output", lambda: torch.empty(
+                         (x.shape[0], op.config.hidden_dim), dtype=op.combine_dtype, device=op._device()))):
+        t0 = pc()
+        for _ in range(calls):
+            fn()
+        each[what] = (pc() - t0) * 1e6 / calls
+    med = lambda v: sorted(v)[len(v) // 2] if v else float("nan")
+    row = ", ".join(f"{n} " + " / ".join(f"{med(times[(n, m)]):.1f}" for m in modes) for n in names)
+    print(f"rank {rank} host us per call, {' / '.join(modes)} (median of {a.host_split}): {row}; in a loop: " +
+          ", ".join(f"{k} {v:.2f}" for k, v in each.items()), flush=True)
 
 
 class NcclEp:
@@ -236,10 +304,13 @@ def main():
         r, outputs["mori"], d_us, c_us = timer.rounds(lambda: op.dispatch(x, idx, w, scales),
                                                       lambda r: dequant(r[0]), op.combine)
         op.check()
+        received = int(r[4].item())  # the result's views hold until the next dispatch (the rounds below)
         if a.profile > 0:
             profile_host(a, op, x, idx, w, scales, shmem, rank)
+        if a.host_split > 0:
+            host_split(a, op, x, idx, w, scales, shmem, rank)
         # LowLatency receives a row per (token, local expert), as DeepEP's low-latency kernels count.
-        report(rank, f"mori {a.kernel}", a, int(r[4].item()), row_bytes, d_us, c_us)
+        report(rank, f"mori {a.kernel}", a, received, row_bytes, d_us, c_us)
 
     # Weights sum to 1 per token and the expert is the identity: every output row is the token itself.
     want = x.to(torch.bfloat16).float()

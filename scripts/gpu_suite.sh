@@ -338,6 +338,7 @@ torchrun=$(dirname "$py")/torchrun
 # EP_BENCH=1 adds bench/ep_bench.py (step python_ep_bench*): mori.ep from PyTorch beside the same dispatch and
 # combine written with torch.distributed.all_to_all_single over NCCL, at 4096 tokens (IntraNode) and 128
 # (LowLatency and IntraNode); NCCL refuses two ranks on one GPU, so with PEs sharing a GPU mori runs alone.
+# EP_BENCH_PY_ARGS: more arguments for each of those runs (e.g. --host-split 20).
 python_step() { [[ "$1" =~ ${STEPS:-.} ]]; }
 if [ "${PYTHON:-1}" != 0 ] && [ -x "$py" ] &&
    { python_step python_tests || python_step python_allgather_torchrun ||
@@ -360,7 +361,7 @@ if [ "${PYTHON:-1}" != 0 ] && [ -x "$py" ] &&
       for shape in "intra 4096" "ll 128" "intra 128"; do
         read -r kernel tokens <<< "$shape"
         run "python_ep_bench_${kernel}_$tokens" env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=2g "$torchrun" --standalone \
-          --nproc_per_node=2 "$repo/bench/ep_bench.py" --impl $impl --kernel "$kernel" --tokens "$tokens"
+          --nproc_per_node=2 "$repo/bench/ep_bench.py" --impl $impl --kernel "$kernel" --tokens "$tokens" ${EP_BENCH_PY_ARGS:-}
       done
     fi
     if "$py" -c "import pytest" 2>/dev/null; then
