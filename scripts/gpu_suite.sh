@@ -16,6 +16,8 @@ out="$top/logs"
 mkdir -p "$out"
 pack_logs() { tar czf "$top/mori-gpu-logs.tgz" -C "$top" logs 2>/dev/null; }
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+# nvidia-smi lists every GPU; the jobs see those of CUDA_VISIBLE_DEVICES when it is set.
+[ -n "${CUDA_VISIBLE_DEVICES:-}" ] && gpus=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)
 mps_env=()
 if [ "${MPS:-auto}" = on ] || { [ "${MPS:-auto}" = auto ] && [ "${gpus:-0}" -lt 2 ]; }; then
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mori-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mori-mps-log
