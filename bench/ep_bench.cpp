@@ -5,11 +5,14 @@
 // token, bf16 combine, 4096 tokens per PE); on HOST a small shape.
 //   mpirun -np 2 ./bench/ep_bench [--tokens N] [--hidden H] [--experts E] [--topk K] [--dtype fp8|bf16]
 //                                 [--kernel intra|inter|ll|both|all, or a comma list] [--iters N] [--warmup N]
-//                                 [--blocks N] [--warps N] [--phases 1]
+//                                 [--blocks N] [--warps N] [--phases 1] [--kernel-time 1]
 // --phases 1 adds, per kernel type: the host's time to queue a Dispatch; this machine's launch gaps (a kernel's
 // end to the next one's first instruction, launched plainly and early); the GPU time of a Dispatch and of
 // each Combine half with every launch queued behind a 200-us hold kernel (host launch costs out of them), and
 // the host's time to queue each half. Against the plain figure they say how much of a call is launches.
+// --kernel-time 1 (CUDA, with CUPTI loadable) adds each call's kernel time as a profiler reports it: from the first
+// block of its first kernel to the last block of its last (bench/kernel_spans.hpp), no launch or event in it, the
+// way DeepEP's and MORI's kernel figures are measured; median over the same iterations, each after a barrier.
 // LowLatency (ll) receives a row per (token, local expert): its "received" and bandwidth count those rows, as
 // DeepEP counts its low-latency kernels; it is meant for decode batches (--tokens 128).
 #include <algorithm>
@@ -27,6 +30,7 @@
 #include "mori/ep/dispatch_combine.hpp"
 #include "mori/shmem/shmem_api.hpp"
 #include "mori/shmem/shmem_device_api.hpp"
+#include "kernel_spans.hpp"
 #include "mori_bench_util.hpp"
 
 namespace {
@@ -58,6 +62,7 @@ struct Args {
   int tokens = MORI_BACKEND_HOST ? 64 : 4096;
   int hidden = MORI_BACKEND_HOST ? 256 : 7168;
   int experts = 256, topk = 8, iters = MORI_BACKEND_HOST ? 5 : 20, warmup = 3, blocks = 0, warps = 0, phases = 0;
+  int kernelTime = 0;
   std::string dtype = "fp8", kernel = "both";
 };
 
@@ -147,6 +152,77 @@ void Phases(const Args& a, ep::EpDispatchCombineHandle& h, ep::EpKernelType kern
               shmem::ShmemMyPe(), ep::EpKernelTypeName(kernel), Median(gpu[0]), Median(host[0]), Median(host[1]),
               Median(gpu[1]), Median(host[2]), Median(gpu[2]), Median(host[3]));
 }
+#if MORI_BACKEND_CUDA
+// Marks the start of a timed call among CUPTI's kernel records (see KernelTimes).
+MORI_GLOBAL void EpBenchMarkKernel() {}
+#endif
+
+// Each call's kernel time from CUPTI's records (see --kernel-time). A marker kernel goes on the stream before
+// each call; the records are taken once at the end (a flush takes the host hundreds of microseconds and a new
+// record buffer, which would skew the PEs if done between calls), and the mori::ep kernels after each marker are
+// that call's.
+void KernelTimes(const Args& a, ep::EpDispatchCombineHandle& h, ep::EpKernelType kernel, bench::StreamTimer& timer,
+                 const core::GpuBuffer& input, const core::GpuBuffer& dIdx, const core::GpuBuffer& dW,
+                 const core::GpuBuffer& scales, const core::GpuBuffer& expertOut, core::GpuBuffer& output, bool scaled) {
+  const int me = shmem::ShmemMyPe();
+#if MORI_BACKEND_CUDA
+  bench::KernelSpans spans;
+  std::string why;
+  if (!spans.Start(&why)) {
+    std::printf("PE %d %-9s kernel time: not measured, %s\n", me, ep::EpKernelTypeName(kernel), why.c_str());
+    return;
+  }
+  const core::GpuStream s = timer.Stream();
+  for (int i = 0; i < a.warmup + a.iters; ++i) {
+    timer.Barrier();
+    core::LaunchKernel(EpBenchMarkKernel, core::Dim3(1), core::Dim3(1), 0, s);
+    (void)h.Dispatch(input.Data(), dIdx.DataAs<int32_t>(), dW.DataAs<float>(), scaled ? scales.DataAs<float>() : nullptr,
+                     a.tokens, s);
+    timer.Barrier();
+    core::LaunchKernel(EpBenchMarkKernel, core::Dim3(1), core::Dim3(1), 0, s);
+    h.Combine(expertOut.Data(), output.Data(), s);
+    std::string msg;
+    MORI_CHECK(h.Status(s, &msg) == 0, core::ErrorCode::Internal, "%s", msg.c_str());
+  }
+  MORI_CHECK_GPU(core::GpuStreamSynchronize(s));
+  std::vector<bench::KernelRecord> records = spans.Take();
+  std::sort(records.begin(), records.end(),
+            [](const bench::KernelRecord& x, const bench::KernelRecord& y) { return x.start < y.start; });
+  std::vector<double> calls;  // dispatch, combine, dispatch, ...
+  uint64_t first = 0, last = 0;
+  auto close = [&] {
+    if (last > first) calls.push_back(static_cast<double>(last - first) / 1e3);
+    first = last = 0;
+  };
+  for (const bench::KernelRecord& r : records) {
+    if (r.name.find("EpBenchMark") != std::string::npos) {
+      close();
+    } else if (r.name.rfind("_ZN4mori2ep", 0) == 0) {  // mangled names in mori::ep
+      first = first == 0 || r.start < first ? r.start : first;
+      last = r.end > last ? r.end : last;
+    }
+  }
+  close();
+  std::vector<double> d, c;
+  for (size_t k = 2 * static_cast<size_t>(a.warmup); k + 1 < calls.size(); k += 2) {
+    d.push_back(calls[k]);
+    c.push_back(calls[k + 1]);
+  }
+  if (calls.size() != 2 * static_cast<size_t>(a.warmup + a.iters)) {
+    std::printf("PE %d %-9s kernel time: not measured, %zu calls in CUPTI's records, %d made\n", me,
+                ep::EpKernelTypeName(kernel), calls.size(), 2 * (a.warmup + a.iters));
+    return;
+  }
+  std::printf("PE %d %-9s kernel time (CUPTI: first block to last of a call's kernels): dispatch %.1f us, combine "
+              "%.1f us\n",
+              me, ep::EpKernelTypeName(kernel), Median(d), Median(c));
+#else
+  (void)a, (void)h, (void)timer, (void)input, (void)dIdx, (void)dW, (void)scales, (void)expertOut, (void)output,
+      (void)scaled;
+  std::printf("PE %d %-9s kernel time: not measured, it needs the CUDA backend (CUPTI)\n", me,
+              ep::EpKernelTypeName(kernel));
+#endif
+}
 
 void Run(const Args& a, ep::EpKernelType kernel, bench::StreamTimer& timer) {
   const int me = shmem::ShmemMyPe(), n = shmem::ShmemNPes();
@@ -215,6 +291,7 @@ void Run(const Args& a, ep::EpKernelType kernel, bench::StreamTimer& timer) {
   if (a.phases != 0) std::printf("PE %d host us to queue a Dispatch: %.1f\n", me, Median(hostUs));
   if (a.phases != 0 && !MORI_BACKEND_HOST) Gaps(timer);
   if (a.phases != 0) Phases(a, h, kernel, timer, input, dIdx, dW, scales, expertOut, output, c.scaleDim > 0);
+  if (a.kernelTime != 0) KernelTimes(a, h, kernel, timer, input, dIdx, dW, scales, expertOut, output, c.scaleDim > 0);
   const double dMs = Median(tDispatch), cMs = Median(tCombine);
   const double dBytes = static_cast<double>(received) * (tokenBytes + c.scaleDim * 4.0);
   const double cBytes = static_cast<double>(received) * rowBytes;
@@ -261,6 +338,7 @@ int main(int argc, char** argv) {
     else if (k == "--warps") a.warps = std::atoi(v.c_str());
     else if (k == "--kernel") a.kernel = v;
     else if (k == "--phases") a.phases = std::atoi(v.c_str());
+    else if (k == "--kernel-time") a.kernelTime = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
