@@ -139,11 +139,12 @@ bench_shmem() {
   fi
 }
 
-# ep_bench with the DeepSeek-V3 shape (4096 tokens) and with 128 tokens, 2 PEs.
+# ep_bench with the DeepSeek-V3 shape (4096 tokens) and with 128 tokens, 2 PEs (the 128-token run also with its
+# kernel times from CUPTI, as profilers report them).
 bench_ep() {
   run ep_bench "${mpirun_[@]}" -np 2 -x MORI_SHMEM_HEAP_SIZE=2g -x MORI_TIMEOUT_S=60 ./bench/ep_bench ${EP_BENCH_ARGS:-}
   run ep_bench_128 "${mpirun_[@]}" -np 2 -x MORI_SHMEM_HEAP_SIZE=2g -x MORI_TIMEOUT_S=60 ./bench/ep_bench \
-    --tokens 128 --kernel all ${EP_BENCH_ARGS:-}
+    --tokens 128 --kernel all --kernel-time 1 ${EP_BENCH_ARGS:-}
 }
 
 # Killed jobs (scripts/killed_job_check.sh): a 2-PE job ended by TERM, INT or KILL to mpirun, or TERM to one rank,
