@@ -43,15 +43,11 @@ void Launch(How how, Kernel kernel, Arg arg, dim3 grid, dim3 block, cudaStream_t
     kernel<<<grid, block, 0, stream>>>(arg);
     return;
   }
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.stream = stream;
-  config.attrs = attr;
-  config.numAttrs = how == How::ExEarly ? 1 : 0;
+  cudaLaunchAttribute early{};
+  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  early.val.programmaticStreamSerializationAllowed = 1;
+  // gridDim, blockDim, dynamic shared bytes, stream, attributes, how many of them
+  cudaLaunchConfig_t config{grid, block, 0, stream, &early, how == How::ExEarly ? 1u : 0u};
   CHECK(cudaLaunchKernelEx(&config, kernel, arg));
 }
 
