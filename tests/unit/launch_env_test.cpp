@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
+#include <string>
 #include <thread>
 
 #include "../common/test_util.hpp"
@@ -123,18 +125,32 @@ TEST(LaunchEnv, MpirunVariables) {
 
 // A rank started by mpirun whose launcher is killed is gone within a second (MORI_EXIT_WITH_LAUNCHER=auto), and
 // stays with off. Three generations: this test (adopting orphans as a child subreaper, so it can wait for the
-// rank), a stand-in launcher, and the rank with mpirun's variables.
+// rank), a stand-in launcher, and the rank with mpirun's variables. In the second case the rank's stderr is a
+// pipe only the launcher reads, as under mpirun: the rank must still end by its own SIGKILL after stopping its
+// waits, not by the SIGPIPE of its log line about the launcher (which ended ranks with their kernels running).
 TEST(LaunchEnv, ARankEndsWithItsLauncher) {
   CleanLaunchEnv clean;
   ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
-  for (const char* mode : {"auto", "off"}) {
+  struct Case {
+    const char* mode;
+    bool stderrToLauncher;
+  };
+  for (const Case& c : {Case{"auto", false}, Case{"auto", true}, Case{"off", false}}) {
+    const char* mode = c.mode;
     int fds[2];
     ASSERT_EQ(pipe(fds), 0);
     const pid_t launcher = fork();
     ASSERT_GE(launcher, 0);
     if (launcher == 0) {
+      int output[2] = {-1, -1};
+      if (c.stderrToLauncher && pipe(output) != 0) _exit(4);
       const pid_t rank = fork();
       if (rank == 0) {
+        if (c.stderrToLauncher) {
+          dup2(output[1], STDERR_FILENO);
+          close(output[0]);
+          close(output[1]);
+        }
         setenv("OMPI_COMM_WORLD_RANK", "0", 1);
         setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
         setenv("MORI_EXIT_WITH_LAUNCHER", mode, 1);
@@ -144,6 +160,7 @@ TEST(LaunchEnv, ARankEndsWithItsLauncher) {
         sleep(20);  // the launcher's death ends it long before, unless off
         _exit(0);
       }
+      if (c.stderrToLauncher) close(output[1]);  // the read end stays open, unread, until the launcher dies
       pause();
       _exit(0);
     }
@@ -164,7 +181,9 @@ TEST(LaunchEnv, ARankEndsWithItsLauncher) {
     }
     if (std::string(mode) == "auto") {
       EXPECT_EQ(ended, rank) << "the rank outlived its launcher by 1.5 s";
-      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "status " << status;
+      EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+          << "status " << status << (WIFSIGNALED(status) ? std::string(", signal ") + strsignal(WTERMSIG(status)) : "")
+          << (c.stderrToLauncher ? " (stderr a pipe to the dead launcher)" : "");
     } else {
       EXPECT_EQ(ended, 0) << "MORI_EXIT_WITH_LAUNCHER=off: the rank ended with its launcher (status " << status << ")";
     }
