@@ -372,7 +372,7 @@ if [ "${PYTHON:-1}" != 0 ] && [ -x "$py" ] &&
       done
     fi
     if "$py" -c "import pytest" 2>/dev/null; then
-      run python_tests env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "$py" -m pytest -q \
+      run python_tests env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "$py" -m pytest -q --durations=15 \
         -p no:cacheprovider "$repo/python/tests/test_single_pe.py" "$repo/python/tests/test_multi_pe.py" \
         "$repo/python/tests/test_extension.py" "$repo/python/tests/test_ep.py"
       # The all-gather example as a PyTorch user starts it: torchrun, two processes on this GPU.
