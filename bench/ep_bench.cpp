@@ -203,15 +203,15 @@ void KernelTimes(const Args& a, ep::EpDispatchCombineHandle& h, ep::EpKernelType
     }
   }
   close();
-  std::vector<double> d, c;
-  for (size_t k = 2 * static_cast<size_t>(a.warmup); k + 1 < calls.size(); k += 2) {
-    d.push_back(calls[k]);
-    c.push_back(calls[k + 1]);
-  }
   if (calls.size() != 2 * static_cast<size_t>(a.warmup + a.iters)) {
     std::printf("PE %d %-9s kernel time: not measured, %zu calls in CUPTI's records, %d made\n", me,
                 ep::EpKernelTypeName(kernel), calls.size(), 2 * (a.warmup + a.iters));
     return;
+  }
+  std::vector<double> d, c;
+  for (size_t k = 2 * static_cast<size_t>(a.warmup); k < calls.size(); k += 2) {
+    d.push_back(calls[k]);
+    c.push_back(calls[k + 1]);
   }
   std::printf("PE %d %-9s kernel time (CUPTI: first block to last of a call's kernels): dispatch %.1f us, combine "
               "%.1f us\n",

@@ -45,9 +45,9 @@ def parse():
                         "its calls) or torch.distributed.barrier; a dispatch cannot end before the last rank's "
                         "tokens arrive, so the ranks' skew after the barrier is in its time")
     p.add_argument("--host-split", type=int, default=0,
-                   help="after the timing, N more rounds that time each host call on its own (mori): the op's "
-                        "dispatch_send, dispatch_recv and combine, and in every other round the same through the "
-                        "C++ handle directly (no argument checks, no views)")
+                   help="after the timing, N more rounds of each of three ways that time each host call on its "
+                        "own (mori): the op's dispatch_send, dispatch_recv and combine; the same with combine's "
+                        "output passed in; the C++ handle directly (no argument checks, no views)")
     return p.parse_args()
 
 

@@ -136,7 +136,6 @@ TEST(LaunchEnv, ARankEndsWithItsLauncher) {
     bool stderrToLauncher;
   };
   for (const Case& c : {Case{"auto", false}, Case{"auto", true}, Case{"off", false}}) {
-    const char* mode = c.mode;
     int fds[2];
     ASSERT_EQ(pipe(fds), 0);
     const pid_t launcher = fork();
@@ -153,7 +152,7 @@ TEST(LaunchEnv, ARankEndsWithItsLauncher) {
         }
         setenv("OMPI_COMM_WORLD_RANK", "0", 1);
         setenv("OMPI_COMM_WORLD_SIZE", "1", 1);
-        setenv("MORI_EXIT_WITH_LAUNCHER", mode, 1);
+        setenv("MORI_EXIT_WITH_LAUNCHER", c.mode, 1);
         ExitWithLauncher(DetectLaunchEnvironment().launcher);
         const pid_t me = getpid();
         if (write(fds[1], &me, sizeof(me)) != sizeof(me)) _exit(3);
@@ -179,7 +178,7 @@ TEST(LaunchEnv, ARankEndsWithItsLauncher) {
       if (ended != 0) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    if (std::string(mode) == "auto") {
+    if (std::string(c.mode) == "auto") {
       EXPECT_EQ(ended, rank) << "the rank outlived its launcher by 1.5 s";
       EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
           << "status " << status << (WIFSIGNALED(status) ? std::string(", signal ") + strsignal(WTERMSIG(status)) : "")
