@@ -123,8 +123,9 @@ void ExitWithLauncher(Launcher launcher) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         if (getppid() == launcherPid) continue;
         // The launcher held the read ends of this process's stdout and stderr (mpirun forwards them): a write
-        // there now raises SIGPIPE, whose default action ended the process at the line below, with its kernels
-        // still running instead of stopped (under MPS the server then refused the next job's clients).
+        // there now raises SIGPIPE, whose default action ended the process with its kernels still running instead
+        // of stopped (under MPS the server then refused the next job's clients). mori's log lines block it
+        // (logging.cpp); the application's own writes while the process ends (stdout, say) are kept from it here.
         signal(SIGPIPE, SIG_IGN);
         MORI_LOG_ERROR(Core,
                        "the launcher of this process (%s, pid %d) is gone: exiting so that no rank of a killed job "

@@ -1,8 +1,11 @@
 #include "mori/core/logging.hpp"
 
+#include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -26,6 +29,53 @@ struct LogSettings {
 
 // A fixed buffer, not a std::string: errors may be logged while the thread's destructors run.
 thread_local char lastError[2048];
+
+// Writes one line to stderr with SIGPIPE blocked in this thread. When stderr is a pipe whose reader is gone (mpirun
+// killed, `prog 2>&1 | head` done), the write fails with EPIPE and the kernel raises SIGPIPE at the writing thread,
+// whose default action ends the whole process: any mori thread logging then (a proxy, the emulated NIC, the
+// bootstrap seeing peers vanish) killed the process with its kernels still running. Blocked, the signal stays
+// pending and is taken back here, unless one was pending before this write; the application's own disposition of
+// SIGPIPE and its own writes are untouched.
+void WriteStderr(const char* text, size_t len) {
+  const int savedErrno = errno;
+  sigset_t pipeOnly;
+  sigset_t previous;
+  sigemptyset(&pipeOnly);
+  sigaddset(&pipeOnly, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipeOnly, &previous);
+  sigset_t pending;
+  sigemptyset(&pending);
+  sigpending(&pending);
+  const bool pendingBefore = sigismember(&pending, SIGPIPE) == 1;
+  bool brokenPipe = false;
+  while (len > 0) {
+    ssize_t n = write(STDERR_FILENO, text, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      brokenPipe = n < 0 && errno == EPIPE;
+      break;
+    }
+    text += n;
+    len -= static_cast<size_t>(n);
+  }
+  if (brokenPipe && !pendingBefore) {
+    const struct timespec now = {0, 0};
+    while (sigtimedwait(&pipeOnly, nullptr, &now) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  errno = savedErrno;
+}
+
+void WriteStderrFormatted(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void WriteStderrFormatted(const char* fmt, ...) {
+  char out[1024];
+  va_list args;
+  va_start(args, fmt);
+  int n = std::vsnprintf(out, sizeof(out), fmt, args);
+  va_end(args);
+  if (n > 0) WriteStderr(out, static_cast<size_t>(n) < sizeof(out) ? static_cast<size_t>(n) : sizeof(out) - 1);
+}
 
 LogSettings& Settings() {
   static LogSettings* settings = new LogSettings();  // never destroyed: logging may run during exit
@@ -61,7 +111,7 @@ uint32_t ParseSubsysMask(const std::string& spec) {
           found = true;
         }
       }
-      if (!found) std::fprintf(stderr, "[mori WARN] MORI_LOG_SUBSYS: unknown subsystem '%s' ignored\n", item.c_str());
+      if (!found) WriteStderrFormatted("[mori WARN] MORI_LOG_SUBSYS: unknown subsystem '%s' ignored\n", item.c_str());
     }
     start = comma + 1;
   }
@@ -80,7 +130,7 @@ void LoadSettings(LogSettings& st) {
     }
     mask = ParseSubsysMask(EnvGetString("MORI_LOG_SUBSYS"));
   } catch (const Error& e) {
-    std::fprintf(stderr, "[mori WARN] %s; logging at the defaults\n", e.what());
+    WriteStderrFormatted("[mori WARN] %s; logging at the defaults\n", e.what());
   }
   st.level.store(level);
   st.subsysMask.store(mask);
@@ -154,9 +204,7 @@ void LogWrite(LogLevel level, LogSubsys subsys, const char* file, int line, cons
                       static_cast<int>(getpid()), LogSubsysName(subsys), message);
   }
   if (n > 0) {
-    size_t len = static_cast<size_t>(n) < sizeof(out) ? static_cast<size_t>(n) : sizeof(out) - 1;
-    ssize_t ignored = write(STDERR_FILENO, out, len);
-    (void)ignored;
+    WriteStderr(out, static_cast<size_t>(n) < sizeof(out) ? static_cast<size_t>(n) : sizeof(out) - 1);
   }
 }
 

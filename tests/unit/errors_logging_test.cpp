@@ -3,6 +3,9 @@
 
 #include <cerrno>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <string>
 #include <thread>
 
@@ -119,6 +122,67 @@ TEST(Logging, AMalformedLevelFallsBackWithAWarning) {
   EXPECT_NE(out.find("MORI_LOG_LEVEL='loud'"), std::string::npos) << out;
   EXPECT_TRUE(LogEnabled(LogLevel::Warn, LogSubsys::Core));
   EXPECT_FALSE(LogEnabled(LogLevel::Info, LogSubsys::Core));
+}
+
+// Runs body in a child whose stderr is a pipe nobody reads any more; returns the child's wait status.
+int StatusOfAChildWritingToABrokenStderr(void (*body)()) {
+  int fds[2];
+  if (pipe(fds) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[1]);
+    body();
+    _exit(7);
+  }
+  close(fds[0]);
+  close(fds[1]);
+  int status = -1;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+TEST(Logging, ALineToAStderrNobodyReadsDoesNotKillTheProcess) {
+  // What a rank of a killed mpirun meets: the reader of its stderr is gone. A log line (of any thread) must not
+  // end the process by SIGPIPE; nor may the signal stay pending, to strike when the thread unblocks it.
+  int status = StatusOfAChildWritingToABrokenStderr([] {
+    MORI_LOG_ERROR(Core, "a line nobody reads, %d", 1);
+    std::thread other([] { MORI_LOG_ERROR(Proxy, "a line of another thread nobody reads"); });
+    other.join();
+    MORI_LOG_WARN(Net, "and one more");
+  });
+  ASSERT_TRUE(WIFEXITED(status)) << "the child ended by signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : -1);
+  EXPECT_EQ(WEXITSTATUS(status), 7);
+}
+
+TEST(Logging, TheApplicationsOwnSigpipeIsUntouched) {
+  // mori blocks SIGPIPE only around its own line: the application's write to the same pipe still raises it, and
+  // a SIGPIPE that was pending before the line stays pending.
+  int status = StatusOfAChildWritingToABrokenStderr([] {
+    MORI_LOG_ERROR(Core, "a line nobody reads");
+    const char text[] = "the application's own line\n";
+    ssize_t ignored = write(STDERR_FILENO, text, sizeof(text) - 1);
+    (void)ignored;
+    _exit(8);
+  });
+  ASSERT_TRUE(WIFSIGNALED(status)) << "the child exited with " << (WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+  EXPECT_EQ(WTERMSIG(status), SIGPIPE);
+
+  status = StatusOfAChildWritingToABrokenStderr([] {
+    sigset_t pipeOnly;
+    sigemptyset(&pipeOnly);
+    sigaddset(&pipeOnly, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipeOnly, nullptr);
+    raise(SIGPIPE);
+    MORI_LOG_ERROR(Core, "a line nobody reads, with a SIGPIPE of the application pending");
+    sigset_t pending;
+    sigemptyset(&pending);
+    sigpending(&pending);
+    _exit(sigismember(&pending, SIGPIPE) == 1 ? 9 : 10);
+  });
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 9) << "the application's pending SIGPIPE was taken";
 }
 
 }  // namespace
