@@ -5,6 +5,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <climits>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -166,6 +168,91 @@ struct HostStream {
   }
 };
 
+// The threads that play a launch's GPU threads, kept for the next launch instead of ending with this one.
+// Every thread of a launch must run at once (the threads of a block meet at barriers, blocks spin on each
+// other's flags), so a launch takes one thread per GPU thread: idle ones first, new ones for the rest. Starting
+// and ending them per launch was most of what the HOST tests cost: an EP test of 2 PEs started 48,000 threads
+// per PE in 14 s, and the kernel spent its time zeroing their stacks and tearing them down (more so under the
+// sanitizers, which track every thread). A thread idle for kIdleSeconds ends, and at most kMaxIdle stay.
+// After fork() the child has none of the parent's threads, so it forgets them (leaking the records) and starts
+// its own.
+namespace {
+class KernelThreads {
+ public:
+  // Runs task on a thread of its own until it returns; throws std::system_error when no thread can be started.
+  static void Run(std::function<void()> task) { Instance().Start(std::move(task)); }
+
+ private:
+  static constexpr unsigned kMaxIdle = host::kMaxThreadsPerLaunch;
+  static constexpr int kIdleSeconds = 10;
+
+  struct Worker {
+    std::condition_variable cv;
+    std::function<void()> task;  // under the pool's mutex
+  };
+
+  static KernelThreads*& Pointer() {
+    static KernelThreads* pool = nullptr;
+    return pool;
+  }
+
+  static void ForgetParentThreads() { Pointer() = new KernelThreads(); }
+
+  static KernelThreads& Instance() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      Pointer() = new KernelThreads();
+      pthread_atfork(nullptr, nullptr, ForgetParentThreads);
+    });
+    return *Pointer();
+  }
+
+  void Start(std::function<void()> task) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!idle_.empty()) {
+      Worker* w = idle_.back();
+      idle_.pop_back();
+      w->task = std::move(task);
+      w->cv.notify_one();
+      return;
+    }
+    lock.unlock();
+    auto* w = new Worker();
+    w->task = std::move(task);
+    try {
+      std::thread([this, w] { Loop(w); }).detach();
+    } catch (...) {
+      delete w;
+      throw;
+    }
+  }
+
+  void Loop(Worker* w) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      std::function<void()> task = std::move(w->task);
+      w->task = nullptr;
+      lock.unlock();
+      task();
+      task = nullptr;  // what it holds goes before the thread is offered again
+      lock.lock();
+      if (idle_.size() >= kMaxIdle) break;
+      idle_.push_back(w);
+      if (!w->cv.wait_for(lock, std::chrono::seconds(kIdleSeconds), [w] { return w->task != nullptr; })) {
+        // Nobody took it (a launch takes a thread off the list and gives it its task under the same lock).
+        idle_.erase(std::find(idle_.begin(), idle_.end(), w));
+        break;
+      }
+    }
+    lock.unlock();
+    delete w;
+  }
+
+  std::mutex mutex_;
+  std::vector<Worker*> idle_;
+};
+}  // namespace
+
 struct HostEvent {
   std::mutex mutex;
   std::condition_variable cv;
@@ -266,14 +353,19 @@ void Launch(Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream, std::fu
   Resolve(stream)->Enqueue([grid, block, sharedBytes, blocks, perBlock, body = std::move(body)]() -> GpuStatus {
     std::vector<std::unique_ptr<BlockBarrier>> barriers;
     std::vector<std::vector<uint64_t>> shared(blocks);
-    std::vector<std::thread> threads;
+    // The launch's threads count down here as they finish; it waits for every one it started.
+    struct Finished {
+      std::mutex mutex;
+      std::condition_variable cv;
+      uint64_t running = 0;
+    };
+    auto finished = std::make_shared<Finished>();
     bool aborted = false;  // read and written with __atomic builtins
     bool stopped = false;  // a thread left on a stop (the process is ending): one quiet line, not one per thread
     auto abortLaunch = [&] {
       __atomic_store_n(&aborted, true, __ATOMIC_RELEASE);
       for (auto& barrier : barriers) barrier->Break();
     };
-    threads.reserve(blocks * perBlock);
     for (uint64_t b = 0; b < blocks; ++b) {
       barriers.push_back(std::make_unique<BlockBarrier>(static_cast<unsigned>(perBlock)));
       shared[b].assign((sharedBytes + 7) / 8, 0);
@@ -290,7 +382,11 @@ void Launch(Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream, std::fu
           ctx.barrier = barriers[b].get();
           ctx.sharedMemory = shared[b].empty() ? nullptr : shared[b].data();
           ctx.aborted = &aborted;
-          threads.emplace_back([ctx, &body, &abortLaunch, &stopped] {
+          {
+            std::lock_guard<std::mutex> lock(finished->mutex);
+            ++finished->running;
+          }
+          auto thread = [ctx, &body, &abortLaunch, &stopped] {
             CurrentThread() = ctx;
             const char* what = nullptr;
             std::string detail;
@@ -313,14 +409,29 @@ void Launch(Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream, std::fu
               abortLaunch();
             }
             CurrentThread() = ThreadContext();
-          });
+            tlsLastError = kGpuSuccess;  // the thread plays another launch's thread next
+          };
+          try {
+            KernelThreads::Run([thread, finished] {
+              thread();
+              std::lock_guard<std::mutex> lock(finished->mutex);
+              if (--finished->running == 0) finished->cv.notify_all();
+            });
+          } catch (...) {
+            std::lock_guard<std::mutex> lock(finished->mutex);
+            --finished->running;
+            throw;
+          }
         }
       }
     } catch (const std::system_error& e) {
       MORI_LOG_ERROR(Gpu, "HOST kernel launch could not start its threads: %s", e.what());
       abortLaunch();  // threads already started leave their barriers and polling loops
     }
-    for (auto& th : threads) th.join();
+    {
+      std::unique_lock<std::mutex> lock(finished->mutex);
+      finished->cv.wait(lock, [&] { return finished->running == 0; });
+    }
     if (__atomic_load_n(&stopped, __ATOMIC_ACQUIRE)) {
       MORI_LOG_WARN(Gpu, "HOST kernel stopped: the process was asked to end (its launch reports a failure)");
     }
