@@ -4,9 +4,17 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
+
+#if MORI_BACKEND_HOST
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
 
 #include "mori/core/atomic.hpp"
 #include "mori/core/device_assert.hpp"
@@ -226,6 +234,71 @@ TEST_F(Kernel, InvalidConfigurationIsReported) {
 }
 
 #if MORI_BACKEND_HOST
+MORI_GLOBAL void WriteOsThreadId(uint64_t* out) {
+  out[GlobalThreadIdx()] = static_cast<uint64_t>(syscall(SYS_gettid)) * 1000u + GlobalThreadIdx() % 1000u;
+}
+
+// HOST: every thread of a launch runs at once on an OS thread of its own, and the next launch takes the same
+// threads again instead of starting new ones (starting and ending them was most of what HOST tests cost).
+TEST_F(Kernel, HostLaunchesRunOnTheThreadsOfTheLaunchBefore) {
+  constexpr unsigned kBlocks = 4, kThreads = 32, n = kBlocks * kThreads;
+  uint64_t* out = nullptr;
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&out), n * 8), kGpuSuccess);
+  std::set<uint64_t> every;
+  for (int round = 0; round < 5; ++round) {
+    ASSERT_EQ(GpuMemset(out, 0, n * 8), kGpuSuccess);
+    LaunchKernel(WriteOsThreadId, Dim3(kBlocks), Dim3(kThreads), 0, nullptr, out);
+    ASSERT_EQ(GpuDeviceSynchronize(), kGpuSuccess);
+    std::vector<uint64_t> host(n);
+    ASSERT_EQ(GpuMemcpy(host.data(), out, n * 8), kGpuSuccess);
+    std::set<uint64_t> threads;
+    for (unsigned i = 0; i < n; ++i) {
+      ASSERT_EQ(host[i] % 1000u, i % 1000u) << "round " << round << ": thread " << i << " did not write its slot";
+      threads.insert(host[i] / 1000u);
+    }
+    ASSERT_EQ(threads.size(), n) << "round " << round << ": the threads of a launch share OS threads";
+    every.insert(threads.begin(), threads.end());
+  }
+  EXPECT_EQ(every.size(), n) << "launches after the first started OS threads instead of taking the idle ones";
+  EXPECT_EQ(GpuFree(out), kGpuSuccess);
+}
+
+// HOST: a child forked after launches has none of the parent's idle kernel threads; its launches start their own
+// (before it forgot them, its first launch would hand its work to threads that do not exist, and hang).
+TEST_F(Kernel, AForkedChildLaunchesOnThreadsOfItsOwn) {
+  auto parent = Run(NeighbourThroughSharedMemory, Dim3(2), Dim3(16), 16 * 4);
+  ASSERT_EQ(parent.size(), 32u);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    constexpr unsigned n = 3 * 8;
+    uint32_t* dev = nullptr;
+    int code = 10;
+    if (GpuMalloc(reinterpret_cast<void**>(&dev), n * 4) == kGpuSuccess) {
+      LaunchKernel(NeighbourThroughSharedMemory, Dim3(3), Dim3(8), 8 * 4, nullptr, dev);
+      std::vector<uint32_t> host(n, 0);
+      code = GpuDeviceSynchronize() == kGpuSuccess && GpuMemcpy(host.data(), dev, n * 4) == kGpuSuccess ? 0 : 11;
+      for (unsigned i = 0; code == 0 && i < n; ++i) {
+        const unsigned b = i / 8, t = i % 8;
+        if (host[i] != (b + 1) * 1000u + t + 1) code = 12;  // its own value, read back by its right neighbour
+      }
+    }
+    _exit(code);
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      FAIL() << "the forked child's launch did not end in 30 s";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10: no memory, 11: the launch failed, 12: wrong values";
+}
+
 // HOST: a kernel that never ends (here, until the test lets it go) holds no synchronisation longer than twice
 // MORI_TIMEOUT_S and 10 s: stream, event and device synchronisation return kGpuErrorTimeout and say why; once
 // the kernel ends, the stream works as before. Before, each of them waited for as long as the kernel ran.

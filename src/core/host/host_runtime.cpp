@@ -179,8 +179,11 @@ struct HostStream {
 namespace {
 class KernelThreads {
  public:
-  // Runs task on a thread of its own until it returns; throws std::system_error when no thread can be started.
-  static void Run(std::function<void()> task) { Instance().Start(std::move(task)); }
+  // Runs work on a thread of its own, then offers the thread to the next launch, then runs done (so a launch
+  // that waits for every done finds its threads idle again); throws std::system_error when no thread can start.
+  static void Run(std::function<void()> work, std::function<void()> done) {
+    Instance().Start(std::move(work), std::move(done));
+  }
 
  private:
   static constexpr unsigned kMaxIdle = host::kMaxThreadsPerLaunch;
@@ -188,7 +191,7 @@ class KernelThreads {
 
   struct Worker {
     std::condition_variable cv;
-    std::function<void()> task;  // under the pool's mutex
+    std::function<void()> work, done;  // under the pool's mutex
   };
 
   static KernelThreads*& Pointer() {
@@ -207,18 +210,20 @@ class KernelThreads {
     return *Pointer();
   }
 
-  void Start(std::function<void()> task) {
+  void Start(std::function<void()> work, std::function<void()> done) {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!idle_.empty()) {
       Worker* w = idle_.back();
       idle_.pop_back();
-      w->task = std::move(task);
+      w->work = std::move(work);
+      w->done = std::move(done);
       w->cv.notify_one();
       return;
     }
     lock.unlock();
     auto* w = new Worker();
-    w->task = std::move(task);
+    w->work = std::move(work);
+    w->done = std::move(done);
     try {
       std::thread([this, w] { Loop(w); }).detach();
     } catch (...) {
@@ -230,16 +235,22 @@ class KernelThreads {
   void Loop(Worker* w) {
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
-      std::function<void()> task = std::move(w->task);
-      w->task = nullptr;
+      std::function<void()> work = std::move(w->work), done = std::move(w->done);
+      w->work = nullptr;
+      w->done = nullptr;
       lock.unlock();
-      task();
-      task = nullptr;  // what it holds goes before the thread is offered again
+      work();
+      work = nullptr;  // what it holds goes before the thread is offered again
       lock.lock();
-      if (idle_.size() >= kMaxIdle) break;
-      idle_.push_back(w);
-      if (!w->cv.wait_for(lock, std::chrono::seconds(kIdleSeconds), [w] { return w->task != nullptr; })) {
-        // Nobody took it (a launch takes a thread off the list and gives it its task under the same lock).
+      const bool keep = idle_.size() < kMaxIdle;
+      if (keep) idle_.push_back(w);
+      lock.unlock();
+      done();
+      done = nullptr;
+      lock.lock();
+      if (!keep) break;
+      if (!w->cv.wait_for(lock, std::chrono::seconds(kIdleSeconds), [w] { return w->work != nullptr; })) {
+        // Nobody took it (a launch takes a thread off the list and gives it its work under the same lock).
         idle_.erase(std::find(idle_.begin(), idle_.end(), w));
         break;
       }
@@ -412,8 +423,7 @@ void Launch(Dim3 grid, Dim3 block, size_t sharedBytes, GpuStream stream, std::fu
             tlsLastError = kGpuSuccess;  // the thread plays another launch's thread next
           };
           try {
-            KernelThreads::Run([thread, finished] {
-              thread();
+            KernelThreads::Run(thread, [finished] {
               std::lock_guard<std::mutex> lock(finished->mutex);
               if (--finished->running == 0) finished->cv.notify_all();
             });
