@@ -261,6 +261,46 @@ filter_sel() {
   fi
   sel=(-R "^($names)\$")
 }
+# The Python package with the device machine's torch (PYTHON=0 skips): the carried build is for the build
+# machine's Python, so the module is built here for this interpreter (libraries and module only), and then the
+# test extension of test_extension.py (nvcc, about a minute), both in the background while ctest runs (niced,
+# 4 compile jobs: the tests' proxy threads spin on the CPU); the Python phase below waits for them.
+py=${MORI_PYTHON:-/opt/torch/.venv/bin/python}
+torchrun=$(dirname "$py")/torchrun
+pyb=/tmp/mori-python-build
+python_step() { [[ "$1" =~ ${STEPS:-.} ]]; }
+python_wanted() {
+  [ "${PYTHON:-1}" != 0 ] && [ -x "$py" ] &&
+    { python_step python_tests || python_step python_allgather_torchrun ||
+      { [ -n "${EP_BENCH:-}" ] && python_step python_ep_bench; }; }
+}
+python_env=(PYTHONPATH="$pyb/python" PYTHONDONTWRITEBYTECODE=1 MORITEST_MPIRUN="$(command -v mpirun)"
+            MORITEST_INCLUDE_DIRS="$repo/include:$pyb/include" MORITEST_SHMEM_LIB_DIR="$pyb/src/shmem"
+            MORITEST_EXT_BUILD_DIR="$pyb/ext")
+python_prebuild() {
+  local start=$SECONDS r
+  {
+    bounded nice -n 10 cmake -S "$repo" -B "$pyb" -DMORI_GPU_BACKEND=CUDA -DPython3_EXECUTABLE="$py" \
+      -DMORI_BUILD_PYTHON=ON -DMORI_BUILD_TESTS=OFF -DMORI_BUILD_EXAMPLES=OFF -DMORI_BUILD_BENCH=OFF \
+      -DMORI_BUILD_TOOLS=OFF && bounded nice -n 10 cmake --build "$pyb" --target mori_python -j 4
+  } > "$out/python_build.log" 2>&1
+  r=$?
+  echo "python module build: exit $r, $((SECONDS - start)) s" >> "$out/python_build.log"
+  if [ $r -eq 0 ] && "$py" -c "import pytest" 2>/dev/null; then
+    start=$SECONDS
+    mkdir -p "$pyb/ext"
+    # A failure here only costs the time: the test builds the extension again and reports what went wrong.
+    bounded env "${python_env[@]}" MAX_JOBS=4 nice -n 10 "$py" -c "import sys; sys.path.insert(0, '$repo/python/tests')
+import test_extension; test_extension.load('$pyb/ext')" > "$out/python_ext_build.log" 2>&1
+    echo "test extension build: exit $?, $((SECONDS - start)) s" >> "$out/python_ext_build.log"
+  fi
+  return $r
+}
+python_prebuild_pid=
+if python_wanted; then
+  python_prebuild &
+  python_prebuild_pid=$!
+fi
 start=$SECONDS
 if [ "${CTEST:-1}" = 0 ]; then
   echo "ctest skipped (CTEST=0)" | tee -a "$out/summary.txt"
@@ -337,31 +377,21 @@ for deb in "$repo"/.carry/mori_*.deb; do
   run package_deb env MORI_PACKAGE_DEB="$deb" "$repo/tests/package/run_package_test.sh" . /tmp/mori-package-test \
     "$version" "$(command -v mpirun)"
 done
-# The Python package with the device machine's torch (PYTHON=0 skips): the carried build is for the build
-# machine's Python, so the module is built here for this interpreter (libraries and module only), then the
-# suites run from the source tree: pytest when the interpreter has it, else the multi-PE worker under mpirun.
-py=${MORI_PYTHON:-/opt/torch/.venv/bin/python}
-torchrun=$(dirname "$py")/torchrun
+# The Python suites, on the module built in the background above: pytest when the interpreter has it, else the
+# multi-PE worker under mpirun.
 # EP_BENCH=1 adds bench/ep_bench.py (step python_ep_bench*): mori.ep from PyTorch beside the same dispatch and
 # combine written with torch.distributed.all_to_all_single over NCCL, at 4096 tokens (IntraNode) and 128
 # (LowLatency and IntraNode); NCCL refuses two ranks on one GPU, so with PEs sharing a GPU mori runs alone.
 # EP_BENCH_PY_ARGS: more arguments for each of those runs (e.g. --host-split 20).
-python_step() { [[ "$1" =~ ${STEPS:-.} ]]; }
-if [ "${PYTHON:-1}" != 0 ] && [ -x "$py" ] &&
-   { python_step python_tests || python_step python_allgather_torchrun ||
-     { [ -n "${EP_BENCH:-}" ] && python_step python_ep_bench; }; }; then
+if [ -n "$python_prebuild_pid" ]; then
   start=$SECONDS
-  pyb=/tmp/mori-python-build
-  {
-    bounded cmake -S "$repo" -B "$pyb" -DMORI_GPU_BACKEND=CUDA -DPython3_EXECUTABLE="$py" -DMORI_BUILD_PYTHON=ON \
-      -DMORI_BUILD_TESTS=OFF -DMORI_BUILD_EXAMPLES=OFF -DMORI_BUILD_BENCH=OFF -DMORI_BUILD_TOOLS=OFF &&
-      bounded cmake --build "$pyb" --target mori_python -j "$(nproc)"
-  } > "$out/python_build.log" 2>&1
+  wait "$python_prebuild_pid"
   pyrc=$?
-  echo "python module build: exit $pyrc, $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+  echo "python module build: exit $pyrc, waited $((SECONDS - start)) s for it ($(tail -n 1 "$out/python_build.log" |
+    sed -n 's/.*exit [0-9]*, //p') in the background; $(tail -n 1 "$out/python_ext_build.log" 2>/dev/null))" |
+    tee -a "$out/summary.txt"
   if [ $pyrc -eq 0 ]; then
-    export PYTHONPATH="$pyb/python" PYTHONDONTWRITEBYTECODE=1 MORITEST_MPIRUN="$(command -v mpirun)" \
-      MORITEST_INCLUDE_DIRS="$repo/include:$pyb/include" MORITEST_SHMEM_LIB_DIR="$pyb/src/shmem"
+    export "${python_env[@]}"
     if [ -n "${EP_BENCH:-}" ] && [ -x "$torchrun" ]; then
       impl=mori,nccl
       [ ${#mps_env[@]} -gt 0 ] && impl=mori
@@ -372,9 +402,17 @@ if [ "${PYTHON:-1}" != 0 ] && [ -x "$py" ] &&
       done
     fi
     if "$py" -c "import pytest" 2>/dev/null; then
-      run python_tests env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "$py" -m pytest -q --durations=15 \
-        -p no:cacheprovider "$repo/python/tests/test_single_pe.py" "$repo/python/tests/test_multi_pe.py" \
+      # Two pytest processes at once (most tests start two to four Python processes that import torch, 4-7 s
+      # each; under MPS their kernels run side by side): the multi-PE launch tests, and the rest.
+      pytest_=("$py" -m pytest -q --durations=10 -p no:cacheprovider)
+      run python_tests_multi_pe env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "${pytest_[@]}" \
+        --basetemp=/tmp/mori-pytest-multi-pe "$repo/python/tests/test_multi_pe.py" &
+      multi_pe_pid=$!
+      run python_tests env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "${pytest_[@]}" \
+        --basetemp=/tmp/mori-pytest-rest "$repo/python/tests/test_single_pe.py" \
         "$repo/python/tests/test_extension.py" "$repo/python/tests/test_ep.py"
+      wait "$multi_pe_pid"
+      if python_step python_tests_multi_pe && ! grep -q '^python_tests_multi_pe: exit 0,' "$out/summary.txt"; then rc=1; fi
       # The all-gather example as a PyTorch user starts it: torchrun, two processes on this GPU.
       [ -x "$torchrun" ] && run python_allgather_torchrun env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m \
         "$torchrun" --standalone --nproc_per_node=2 "$repo/python/examples/allgather.py" 1048576 3

@@ -42,7 +42,10 @@ def load(build_dir):
 def build_dir(tmp_path_factory):
     if not os.environ.get("MORITEST_INCLUDE_DIRS") or not os.environ.get("MORITEST_SHMEM_LIB_DIR"):
         pytest.skip("MORITEST_INCLUDE_DIRS and MORITEST_SHMEM_LIB_DIR are not set (ctest and gpu_suite.sh set them)")
-    d = tmp_path_factory.mktemp("mori_ext")
+    # MORITEST_EXT_BUILD_DIR: a folder where the extension may have been built already (gpu_suite.sh builds it
+    # while ctest runs); load() rebuilds whatever is missing or stale there.
+    prebuilt = os.environ.get("MORITEST_EXT_BUILD_DIR")
+    d = Path(prebuilt) if prebuilt and os.path.isdir(prebuilt) else tmp_path_factory.mktemp("mori_ext")
     load(d)  # built once here; the processes below load the same build
     return d
 
