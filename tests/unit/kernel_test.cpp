@@ -9,17 +9,17 @@
 #include <thread>
 #include <vector>
 
+#include "mori/core/atomic.hpp"
+#include "mori/core/device_assert.hpp"
+#include "mori/core/gpu.hpp"
+#include "mori/core/kernel.hpp"
+
 #if MORI_BACKEND_HOST
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #endif
-
-#include "mori/core/atomic.hpp"
-#include "mori/core/device_assert.hpp"
-#include "mori/core/gpu.hpp"
-#include "mori/core/kernel.hpp"
 
 namespace mori::core {
 namespace {
@@ -238,8 +238,10 @@ MORI_GLOBAL void WriteOsThreadId(uint64_t* out) {
   out[GlobalThreadIdx()] = static_cast<uint64_t>(syscall(SYS_gettid)) * 1000u + GlobalThreadIdx() % 1000u;
 }
 
-// HOST: every thread of a launch runs at once on an OS thread of its own, and the next launch takes the same
-// threads again instead of starting new ones (starting and ending them was most of what HOST tests cost).
+// HOST: a launch takes idle OS threads before it starts new ones, so launches one after another run on the
+// threads of the first (starting and ending them per launch was most of what HOST tests cost). A thread that
+// has finished its GPU thread may play another of the same launch (it can no longer be waited for); threads
+// that wait for each other, at a barrier or on a flag, all run at once.
 TEST_F(Kernel, HostLaunchesRunOnTheThreadsOfTheLaunchBefore) {
   constexpr unsigned kBlocks = 4, kThreads = 32, n = kBlocks * kThreads;
   uint64_t* out = nullptr;
@@ -251,15 +253,13 @@ TEST_F(Kernel, HostLaunchesRunOnTheThreadsOfTheLaunchBefore) {
     ASSERT_EQ(GpuDeviceSynchronize(), kGpuSuccess);
     std::vector<uint64_t> host(n);
     ASSERT_EQ(GpuMemcpy(host.data(), out, n * 8), kGpuSuccess);
-    std::set<uint64_t> threads;
     for (unsigned i = 0; i < n; ++i) {
       ASSERT_EQ(host[i] % 1000u, i % 1000u) << "round " << round << ": thread " << i << " did not write its slot";
-      threads.insert(host[i] / 1000u);
+      every.insert(host[i] / 1000u);
     }
-    ASSERT_EQ(threads.size(), n) << "round " << round << ": the threads of a launch share OS threads";
-    every.insert(threads.begin(), threads.end());
   }
-  EXPECT_EQ(every.size(), n) << "launches after the first started OS threads instead of taking the idle ones";
+  // One launch never needs more than n; a thread per GPU thread per launch would be 5 n.
+  EXPECT_LE(every.size(), n) << "launches after the first started OS threads instead of taking the idle ones";
   EXPECT_EQ(GpuFree(out), kGpuSuccess);
 }
 
