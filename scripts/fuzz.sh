@@ -36,19 +36,32 @@ fi
 echo "fuzz: built in $((SECONDS - start)) s ($dir)"
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-crashed=()
-printf '%-24s %12s %10s  %s\n' target executions exec/s result
+# The targets run FUZZ_JOBS at a time (default: one per core; each is one single-threaded process, so every
+# target gets its whole time on a core of its own either way).
+jobs=${FUZZ_JOBS:-$(nproc)}
+fuzz_one() {  # target: runs it, leaves its exit status in fuzz-run/<target>/rc
+  local t=$1 run="$dir/fuzz-run/$1"
+  "$dir/fuzz/$t" -max_total_time="$seconds" -timeout=10 -seed="${FUZZ_SEED:-1}" -print_final_stats=1 \
+    -artifact_prefix="$run/artifacts/" "$run/corpus" > "$run/log" 2>&1
+  echo $? > "$run/rc"
+}
 for t in "${targets[@]}"; do
   run="$dir/fuzz-run/$t"
   rm -rf "$run"
   mkdir -p "$run/corpus" "$run/artifacts"
   cp fuzz/corpus/"$t"/* "$run/corpus/" 2>/dev/null
-  "$dir/fuzz/$t" -max_total_time="$seconds" -timeout=10 -seed="${FUZZ_SEED:-1}" -print_final_stats=1 \
-    -artifact_prefix="$run/artifacts/" "$run/corpus" > "$run/log" 2>&1
-  rc=$?
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+  fuzz_one "$t" &
+done
+wait
+crashed=()
+printf '%-24s %12s %10s  %s\n' target executions exec/s result
+for t in "${targets[@]}"; do
+  run="$dir/fuzz-run/$t"
+  rc=$(cat "$run/rc" 2>/dev/null || echo "none")
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$run/log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$run/log" | tail -1)
-  if [ $rc -eq 0 ]; then
+  if [ "$rc" = 0 ]; then
     result="no crash"
   else
     artifact=$(sed -n 's/.*Test unit written to //p' "$run/log" | tail -1)
@@ -65,4 +78,4 @@ if [ ${#crashed[@]} -gt 0 ]; then
   echo "fuzz: crashed: ${crashed[*]}"
   exit 1
 fi
-echo "fuzz: no target crashed (${seconds} s each, $((SECONDS - start)) s in all)"
+echo "fuzz: no target crashed (${seconds} s each, $jobs at a time, $((SECONDS - start)) s in all)"
