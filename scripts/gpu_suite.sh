@@ -267,6 +267,8 @@ filter_sel() {
 # 4 compile jobs: the tests' proxy threads spin on the CPU); the Python phase below waits for them.
 py=${MORI_PYTHON:-/opt/torch/.venv/bin/python}
 torchrun=$(dirname "$py")/torchrun
+have_pytest=0
+[ -x "$py" ] && "$py" -c "import pytest" 2>/dev/null && have_pytest=1
 pyb=/tmp/mori-python-build
 python_step() { [[ "$1" =~ ${STEPS:-.} ]]; }
 python_wanted() {
@@ -286,7 +288,7 @@ python_prebuild() {
   } > "$out/python_build.log" 2>&1
   r=$?
   echo "python module build: exit $r, $((SECONDS - start)) s" >> "$out/python_build.log"
-  if [ $r -eq 0 ] && "$py" -c "import pytest" 2>/dev/null; then
+  if [ $r -eq 0 ] && [ $have_pytest = 1 ]; then
     start=$SECONDS
     mkdir -p "$pyb/ext"
     # A failure here only costs the time: the test builds the extension again and reports what went wrong.
@@ -401,7 +403,7 @@ if [ -n "$python_prebuild_pid" ]; then
           --nproc_per_node=2 "$repo/bench/ep_bench.py" --impl $impl --kernel "$kernel" --tokens "$tokens" ${EP_BENCH_PY_ARGS:-}
       done
     fi
-    if "$py" -c "import pytest" 2>/dev/null; then
+    if [ $have_pytest = 1 ]; then
       # Two pytest processes at once (most tests start two to four Python processes that import torch, 4-7 s
       # each; under MPS their kernels run side by side): the multi-PE launch tests, and the rest.
       pytest_=("$py" -m pytest -q --durations=10 -p no:cacheprovider)
