@@ -1245,7 +1245,8 @@ bool CheckConfigAgreesEverywhere(const EpDispatchCombineConfig& c) {
   const size_t W = static_cast<size_t>(c.worldSize);
   auto* table = static_cast<int64_t*>(shmem::ShmemCalloc(W * kFields, sizeof(int64_t)));
   MORI_CHECK(table != nullptr, ErrorCode::InvalidUsage,
-             "EpDispatchCombineHandle: no symmetric heap left to compare the PEs' configs");
+             "EpDispatchCombineHandle: no symmetric heap for comparing the PEs' configs (the heap is full, or the "
+             "allocation failed: ShmemCalloc's error is logged above)");
   std::vector<int64_t> all(W * kFields);
   try {
     int64_t* row = table + static_cast<size_t>(c.rank) * kFields;
@@ -1351,8 +1352,8 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
   auto alloc = [&](size_t bytes, const char* what) {
     void* p = shmem::ShmemMalloc(bytes);
     MORI_CHECK(p != nullptr, ErrorCode::InvalidUsage,
-               "EpDispatchCombineHandle: %zu bytes for the %s do not fit in the symmetric heap (%zu bytes; set "
-               "MORI_SHMEM_HEAP_SIZE)",
+               "EpDispatchCombineHandle: no symmetric heap for %zu bytes (the %s): they do not fit in the %zu bytes of "
+               "the heap (set MORI_SHMEM_HEAP_SIZE), or the allocation failed (ShmemMalloc's error is logged above)",
                bytes, what, shmem::ShmemHeapBytes());
     return static_cast<uint8_t*>(p);
   };
@@ -1374,7 +1375,9 @@ EpDispatchCombineHandle::EpDispatchCombineHandle(const EpDispatchCombineConfig& 
     m.combRecv = alloc(W * M * l.rowBytes, "combine receive buffer");
     if (staged) m.combSend = alloc(W * M * l.rowBytes, "combine send buffer");
     m.sigs = reinterpret_cast<uint64_t*>(shmem::ShmemCalloc(2 * W, sizeof(uint64_t)));
-    MORI_CHECK(m.sigs != nullptr, ErrorCode::InvalidUsage, "EpDispatchCombineHandle: no heap for the signals");
+    MORI_CHECK(m.sigs != nullptr, ErrorCode::InvalidUsage,
+               "EpDispatchCombineHandle: no symmetric heap for the signals (the heap is full, or the allocation "
+               "failed: ShmemCalloc's error is logged above)");
   } catch (...) {
     for (void* p : {static_cast<void*>(m.sigs), static_cast<void*>(m.combSend), static_cast<void*>(m.combRecv),
                     static_cast<void*>(m.sendBuf), static_cast<void*>(m.recvBuf), static_cast<void*>(m.rowBase)}) {

@@ -397,12 +397,14 @@ TEST(EpTest, HundredRoundsWithChangingRoutings) {
 }
 
 // More blocks than slots: the LowLatency receive gives each expert several blocks and the combine splits each
-// message's hidden units over several blocks (one warp per block; on HOST one thread per block).
+// message's hidden units over several blocks (one warp per block; on HOST one thread per block). The grids
+// differ between PEs (a local launch choice): LowLatency's senders split a round's arrival count over their
+// own grids.
 TEST(EpTest, WideGridsSplitExpertsAndMessagesOverBlocks) {
   for (EpKernelType kernel : Kernels()) {
     for (DataType dtype : {DataType::BFloat16, DataType::Float32}) {
       Case c{Config(kernel, dtype, 3, 48, 4, 2), Routing::Mixed, 11};
-      c.cfg.blocks = 2 * N() * c.cfg.maxTokensPerRank + 3;
+      c.cfg.blocks = 2 * N() * c.cfg.maxTokensPerRank + 3 + 7 * Me();
       c.cfg.warpsPerBlock = 1;
       EpDispatchCombineHandle h(c.cfg);
       for (uint64_t round = 1; round <= 4; ++round) {
