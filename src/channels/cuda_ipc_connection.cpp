@@ -1,5 +1,6 @@
 // The CudaIpc connection: the copy engine moves data between this GPU's memory and a same-host peer's memory
-// mapped here, in order on one non-blocking stream. On HOST the stream's worker thread plays the copy engine.
+// mapped here, in order on the process's copy stream (HostCopyStream). On HOST the stream's worker thread plays the
+// copy engine.
 #include <future>
 #include <memory>
 #include <thread>
@@ -39,13 +40,8 @@ class CudaIpcConnection final : public Connection {
   CudaIpcConnection(int rank, int remoteRank, int tag, int device)
       : Connection(remoteRank, tag), rank_(rank), device_(device) {
     DeviceScope scope(device_);
-    MORI_CHECK_GPU(GpuStreamCreate(&stream_));
-    try {
-      staging_ = GpuBuffer(kStagingWords * sizeof(uint64_t), MemoryType::HostPinned);
-    } catch (...) {
-      (void)GpuStreamDestroy(stream_);
-      throw;
-    }
+    stream_ = HostCopyStream(device_);
+    staging_ = GpuBuffer(kStagingWords * sizeof(uint64_t), MemoryType::HostPinned);
   }
 
   ~CudaIpcConnection() override {
@@ -56,7 +52,6 @@ class CudaIpcConnection final : public Connection {
     } catch (const Error& e) {
       MORI_LOG_WARN(Proxy, "rank %d: %s", rank_, e.what());
     }
-    (void)GpuStreamDestroy(stream_);
   }
 
   void Write(const RegisteredMemory& dst, uint64_t dstOffset, const RegisteredMemory& src, uint64_t srcOffset,
@@ -163,9 +158,18 @@ class CudaIpcConnection final : public Connection {
 #endif
   }
 
+  // Waits for the copies this connection issued so far (an event after them: the stream is the process's,
+  // HostCopyStream, and other threads' later copies are not waited for).
   void WaitStream(const Deadline& deadline, const char* why) {
+    GpuEvent issued = nullptr;
+    MORI_CHECK_GPU(GpuEventCreate(&issued));
+    struct Destroy {
+      GpuEvent e;
+      ~Destroy() { (void)GpuEventDestroy(e); }
+    } destroy{issued};
+    MORI_CHECK_GPU(GpuEventRecord(issued, stream_));
     while (true) {
-      GpuStatus s = GpuStreamQuery(stream_);
+      GpuStatus s = GpuEventQuery(issued);
       if (s == kGpuSuccess) return;
       if (s != kGpuErrorNotReady) {
         throw GpuError(static_cast<int>(s), StrFormat("%s: a copy failed (waiting for %s): %s", Describe().c_str(), why,

@@ -6,17 +6,21 @@
 #include <cstddef>
 
 #include "mori/core/gpu.hpp"
+#include "proxy_copy.hpp"
 
 namespace mori::core {
 
-// Zeroes [ptr, ptr + bytes) of device memory on a stream of its own and returns when it is done.
+// Zeroes [ptr, ptr + bytes) of device memory on the process's copy stream (HostCopyStream: no new stream, so
+// none more to share a hardware queue with a kernel) and returns when it is done.
 inline void ZeroDeviceMemory(void* ptr, size_t bytes) {
-  GpuStream stream{};
-  MORI_CHECK_GPU(GpuStreamCreate(&stream));
-  GpuStatus set = GpuMemsetAsync(ptr, 0, bytes, stream);
-  GpuStatus sync = set == kGpuSuccess ? GpuStreamSynchronize(stream) : set;
-  (void)GpuStreamDestroy(stream);
-  MORI_CHECK_GPU(sync);
+  GpuStream stream = HostCopyStream();
+  GpuEvent done = nullptr;
+  MORI_CHECK_GPU(GpuEventCreate(&done));
+  GpuStatus s = GpuMemsetAsync(ptr, 0, bytes, stream);
+  if (s == kGpuSuccess) s = GpuEventRecord(done, stream);
+  if (s == kGpuSuccess) s = GpuEventSynchronize(done);
+  (void)GpuEventDestroy(done);
+  MORI_CHECK_GPU(s);
 }
 
 }  // namespace mori::core

@@ -39,8 +39,8 @@ struct Fifo::Impl {
   GpuBuffer ring;              // [size] triggers, host-pinned
   GpuBuffer control;           // tail, proxyFailed; host-pinned
   uint64_t* head = nullptr;    // device memory (GpuMalloc)
-  GpuStream stream = nullptr;  // reads of the head on GPU backends; non-blocking, so a kernel spinning on the
-                               // default stream does not hold it up
+  GpuStream stream = nullptr;  // reads of the head on GPU backends: the process's copy stream, so a kernel
+                               // spinning on another stream does not hold them up
 
   ProxyTrigger* Triggers() const { return ring.DataAs<ProxyTrigger>(); }
   uint64_t* Tail() const { return reinterpret_cast<uint64_t*>(control.DataAs<uint8_t>() + kTailOffset); }
@@ -71,7 +71,7 @@ Fifo::Fifo(uint32_t size, double timeoutSeconds) : impl_(std::make_unique<Impl>(
   try {
     ZeroDeviceMemory(m.head, kCountersBytes);
 #if MORI_BACKEND_GPU
-    MORI_CHECK_GPU(GpuStreamCreate(&m.stream));
+    m.stream = HostCopyStream(m.device);
 #endif
   } catch (...) {
     (void)GpuFree(m.head);
@@ -83,9 +83,6 @@ Fifo::Fifo(uint32_t size, double timeoutSeconds) : impl_(std::make_unique<Impl>(
 
 Fifo::~Fifo() {
   if (impl_ == nullptr) return;
-#if MORI_BACKEND_GPU
-  if (impl_->stream != nullptr) (void)GpuStreamDestroy(impl_->stream);
-#endif
   (void)GpuFree(impl_->head);
 }
 
@@ -120,8 +117,8 @@ uint64_t Fifo::Head() const {
   MORI_CHECK_GPU(GpuGetDevice(&current));
   if (current != m.device) MORI_CHECK_GPU(GpuSetDevice(m.device));
   uint64_t head = 0;
-  GpuStatus copy = GpuMemcpyAsync(&head, m.head, sizeof(head), m.stream);
-  GpuStatus sync = copy == kGpuSuccess ? GpuStreamSynchronize(m.stream) : copy;
+  double seconds = 0;
+  GpuStatus sync = TimedStreamCopy(&head, m.head, sizeof(head), m.stream, &seconds);
   if (current != m.device) (void)GpuSetDevice(current);
   MORI_CHECK_GPU(sync);
   return head;

@@ -23,6 +23,7 @@
 #include "mori/core/logging.hpp"
 #include "mori/core/stop.hpp"
 #include "mori/core/timeout.hpp"
+#include "proxy_copy.hpp"
 #include "registered_memory_impl.hpp"
 #include "semaphore_impl.hpp"
 
@@ -171,7 +172,8 @@ std::shared_future<std::shared_ptr<Semaphore>> BuildSemaphoreWith(Communicator::
     impl->localInbound = std::move(block.inbound);
     impl->deviceTokens = IsDeviceMemoryPointer(impl->words);
     if (impl->deviceTokens) {
-      MORI_CHECK_GPU(GpuStreamCreate(&impl->stream));
+      impl->stream = HostCopyStream();
+      MORI_CHECK_GPU(GpuEventCreate(&impl->read));
       impl->landing = GpuBuffer(sizeof(uint64_t), MemoryType::HostPinned);
     }
     // Over a loopback connection the semaphore is its own peer: its signals raise its own token, and nothing
@@ -224,8 +226,9 @@ std::shared_future<std::shared_ptr<Semaphore>> BuildSemaphoreWith(Communicator::
                owned->remoteInbound = pending->remoteInbound;
                owned->deviceTokens = pending->deviceTokens;
                owned->stream = pending->stream;
+               owned->read = pending->read;
                owned->landing = std::move(pending->landing);
-               pending->deviceTokens = false;  // the stream is owned's now
+               pending->deviceTokens = false;  // the event is owned's now
                return std::make_shared<Semaphore>(std::move(owned));
              })
       .share();

@@ -31,14 +31,16 @@ struct Semaphore::Impl {
   // Host-side counts (Signal; Poll and Wait).
   uint64_t hostOutbound = 0;
   uint64_t hostExpected = 0;
-  // Reads of a device-memory token from the host: a stream of our own, so a kernel that spins on the legacy
-  // stream never holds them up, and a pinned word to land in.
+  // Reads of a device-memory token from the host: on the process's copy stream (HostCopyStream), so a kernel
+  // that spins on another stream never holds them up, each waited for by an event of its own, and a pinned
+  // word to land in.
   bool deviceTokens = false;
   GpuStream stream{};
+  GpuEvent read{};
   GpuBuffer landing;
 
   ~Impl() {
-    if (deviceTokens) (void)GpuStreamDestroy(stream);
+    if (deviceTokens && read != nullptr) (void)GpuEventDestroy(read);
   }
 
   // The copy of a device-memory token has a bound of its own (MORI_TIMEOUT_S): a caller's short wait
@@ -48,8 +50,9 @@ struct Semaphore::Impl {
     const Deadline deadline = Deadline::Default();
     uint64_t* out = landing.DataAs<uint64_t>();
     MORI_CHECK_GPU(GpuMemcpyAsync(out, words, sizeof(uint64_t), stream));
+    MORI_CHECK_GPU(GpuEventRecord(read, stream));
     for (;;) {
-      GpuStatus s = GpuStreamQuery(stream);
+      GpuStatus s = GpuEventQuery(read);
       if (s == kGpuSuccess) break;
       if (s != kGpuErrorNotReady) {
         throw GpuError(s, StrFormat("rank %d: reading the token of the semaphore with rank %d failed: %s", rank,

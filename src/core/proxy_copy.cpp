@@ -1,12 +1,16 @@
 #include "proxy_copy.hpp"
 
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 
+#include "mori/core/device_scope.hpp"
+#include "mori/core/errors.hpp"
 #include "mori/core/format.hpp"
 #include "mori/core/logging.hpp"
 
@@ -37,6 +41,27 @@ __attribute__((constructor)) void RaiseCudaConnectionsAtLoad() {
   if (!value.empty() && setenv("CUDA_DEVICE_MAX_CONNECTIONS", value.c_str(), 0) == 0) SetAtLoad() = value;
 }
 #endif
+
+// The streams of HostCopyStream, by device. Never destroyed: copies may be made until the process ends, and
+// the runtime ends the streams with the process.
+struct CopyStreams {
+  std::mutex mutex;
+  std::map<int, GpuStream> byDevice;
+};
+
+CopyStreams& Streams() {
+  static CopyStreams* streams = [] {
+    // A forked child does not have its parent's streams (on HOST their worker threads stay in the parent);
+    // the lock is held across the fork so that the child's copy of it is not left locked by another thread.
+    pthread_atfork([] { Streams().mutex.lock(); }, [] { Streams().mutex.unlock(); },
+                   [] {
+                     Streams().byDevice.clear();
+                     Streams().mutex.unlock();
+                   });
+    return new CopyStreams();
+  }();
+  return *streams;
+}
 
 }  // namespace
 
@@ -75,6 +100,19 @@ std::string SlowProxyCopyHint(double seconds) {
       seconds, queues != nullptr ? queues : "unset", kMinCopyQueues);
 }
 
+GpuStream HostCopyStream(int device) {
+  if (device < 0) MORI_CHECK_GPU(GpuGetDevice(&device));
+  CopyStreams& streams = Streams();
+  std::lock_guard<std::mutex> lock(streams.mutex);
+  auto it = streams.byDevice.find(device);
+  if (it != streams.byDevice.end()) return it->second;
+  DeviceScope scope(device);
+  GpuStream stream = nullptr;
+  MORI_CHECK_GPU(GpuStreamCreate(&stream));
+  streams.byDevice.emplace(device, stream);
+  return stream;
+}
+
 GpuStatus TimedStreamCopy(void* dst, const void* src, size_t bytes, GpuStream stream, double* seconds) {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -86,8 +124,14 @@ GpuStatus TimedStreamCopy(void* dst, const void* src, size_t bytes, GpuStream st
     if (!warning.empty()) MORI_LOG_WARN(Gpu, "%s", warning.c_str());
   });
   const auto start = std::chrono::steady_clock::now();
-  GpuStatus s = GpuMemcpyAsync(dst, src, bytes, stream);
-  if (s == kGpuSuccess) s = GpuStreamSynchronize(stream);
+  // The wait is for this copy (an event after it), not for the whole stream: other threads' copies on a
+  // shared stream neither prolong it nor hand it their errors.
+  GpuEvent done = nullptr;
+  GpuStatus s = GpuEventCreate(&done);
+  if (s == kGpuSuccess) s = GpuMemcpyAsync(dst, src, bytes, stream);
+  if (s == kGpuSuccess) s = GpuEventRecord(done, stream);
+  if (s == kGpuSuccess) s = GpuEventSynchronize(done);
+  if (done != nullptr) (void)GpuEventDestroy(done);
   *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return s;
 }

@@ -11,11 +11,16 @@
 // - a cudaFree, cudaFreeHost or cudaHostUnregister of another thread of the process, which waits for the
 //   running kernels to end and holds every copy of the process meanwhile.
 // The error or warning of a slow copy names both instead of leaving only the kernel's timeout.
+// Against the first, all of those copies go on one stream per device (HostCopyStream): a stream of their own
+// per TCP channel, NIC and connection took 30 and more streams in a PE of an 8-PE job over the proxy with TCP
+// connections, and with 8 hardware queues some of them always shared a queue with the kernels' streams
+// (the EP suite stalled in 2 of 4 runs on an H200).
 #pragma once
 
 #include <cstddef>
 #include <string>
 
+#include "mori/core/copy_stream.hpp"
 #include "mori/core/gpu.hpp"
 
 namespace mori::core {
@@ -41,9 +46,9 @@ bool MpsControlRunning();
 // The warning for CUDA_DEVICE_MAX_CONNECTIONS=`current` (empty when it is unset or at least kMinCopyQueues).
 std::string FewCopyQueuesWarning(const char* current);
 
-// cudaMemcpyAsync on `stream`, then its synchronize; returns the first failure's status. `seconds` receives
-// the time the two took. The first call of the process logs FewCopyQueuesWarning (and, at info level, a value
-// mori set at load). Throws nothing.
+// cudaMemcpyAsync on `stream`, then a wait for that copy (an event recorded after it); returns the first
+// failure's status. `seconds` receives the time this took. The first call of the process logs
+// FewCopyQueuesWarning (and, at info level, a value mori set at load). Throws nothing.
 GpuStatus TimedStreamCopy(void* dst, const void* src, size_t bytes, GpuStream stream, double* seconds);
 
 }  // namespace mori::core

@@ -6,6 +6,7 @@
 #include <future>
 #include <string>
 
+#include "mori/core/copy_stream.hpp"
 #include "mori/core/device.hpp"
 #include "mori/core/device_sync.hpp"
 #include "mori/core/env.hpp"
@@ -105,6 +106,9 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
   if (gpus > 1) MORI_CHECK_GPU(core::GpuSetDevice(topology_.localRank % gpus));
   int device = 0;
   MORI_CHECK_GPU(core::GpuGetDevice(&device));
+  // The proxies' and the emulated NIC's copies get their stream now, among the process's first (so on a
+  // hardware queue of its own unless the application makes more streams than CUDA has queues).
+  (void)core::HostCopyStream(device);
 
   int64_t qps = core::EnvGetInt("MORI_SHMEM_QPS_PER_PE");
   MORI_CHECK(qps >= 1 && qps <= 64, ErrorCode::InvalidUsage, "MORI_SHMEM_QPS_PER_PE=%lld is not in [1, 64]",

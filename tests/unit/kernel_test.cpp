@@ -13,6 +13,7 @@
 #include "mori/core/device_assert.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/kernel.hpp"
+#include "proxy_copy.hpp"
 
 #if MORI_BACKEND_HOST
 #include <signal.h>
@@ -301,6 +302,128 @@ TEST_F(Kernel, AForkedChildLaunchesOnThreadsOfItsOwn) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "10: no memory, 11: the launch failed, 12: wrong values";
 }
+
+// The process's copy stream (HostCopyStream) is one per device and is not held up by a kernel that waits on
+// another stream: copies of four threads on it at once all arrive (each its own pattern, nothing else
+// touched) while the kernel, which waits for the host flag, still runs, as a proxy's copies must while a kernel
+// waits for them. Made first, as ShmemInit makes it, so that on a GPU it has a hardware queue of its own.
+TEST_F(Kernel, CopiesOnTheHostCopyStreamPassAKernelThatWaitsForThem) {
+  const GpuStream copies = HostCopyStream();
+  ASSERT_NE(copies, nullptr);
+  EXPECT_EQ(HostCopyStream(), copies);
+  int device = -1;
+  ASSERT_EQ(GpuGetDevice(&device), kGpuSuccess);
+  EXPECT_EQ(HostCopyStream(device), copies);
+
+  uint32_t* flag = nullptr;
+  ASSERT_EQ(GpuHostAllocMapped(reinterpret_cast<void**>(&flag), sizeof(uint32_t)), kGpuSuccess);
+  *flag = 0;
+  uint32_t* devFlag = nullptr;
+  ASSERT_EQ(GpuHostGetDevicePointer(reinterpret_cast<void**>(&devFlag), flag), kGpuSuccess);
+  uint32_t* out = nullptr;
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&out), 8 * sizeof(uint32_t)), kGpuSuccess);
+  GpuStream stream;
+  ASSERT_EQ(GpuStreamCreate(&stream), kGpuSuccess);
+  GpuEvent after;
+  ASSERT_EQ(GpuEventCreate(&after), kGpuSuccess);
+  EXPECT_EQ(GpuEventQuery(after), kGpuSuccess);  // never recorded
+  LaunchKernel(WaitForHostFlag, Dim3(2), Dim3(4), 0, stream, devFlag, out, uint64_t{30'000'000'000});
+  ASSERT_EQ(GpuEventRecord(after, stream), kGpuSuccess);
+  EXPECT_EQ(GpuEventQuery(after), kGpuErrorNotReady);
+
+  constexpr int kThreads = 4;
+  constexpr size_t kBytes = 64 * 1024, kRounds = 20;
+  uint8_t* device_buf = nullptr;
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&device_buf), kThreads * kBytes + 64), kGpuSuccess);
+  std::vector<uint8_t> guard(64, 0xA5);
+  ASSERT_EQ(GpuMemcpy(device_buf + kThreads * kBytes, guard.data(), 64), kGpuSuccess);
+  std::vector<int> bad(kThreads, -1);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<uint8_t> up(kBytes), down(kBytes);
+      int wrong = 0;
+      for (size_t round = 0; round < kRounds; ++round) {
+        for (size_t i = 0; i < kBytes; ++i) up[i] = static_cast<uint8_t>(i * 7 + t * 31 + round * 13 + 1);
+        double seconds = 0;
+        uint8_t* mine = device_buf + t * kBytes;
+        if (TimedStreamCopy(mine, up.data(), kBytes, copies, &seconds) != kGpuSuccess ||
+            TimedStreamCopy(down.data(), mine, kBytes, copies, &seconds) != kGpuSuccess || down != up) {
+          ++wrong;
+        }
+      }
+      bad[t] = wrong;
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(bad[t], 0) << "thread " << t << ": copies failed or came back wrong";
+  // The kernel is still waiting: the copies did not wait for it.
+  EXPECT_EQ(GpuEventQuery(after), kGpuErrorNotReady);
+  std::vector<uint8_t> guardBack(64);
+  double seconds = 0;
+  ASSERT_EQ(TimedStreamCopy(guardBack.data(), device_buf + kThreads * kBytes, 64, copies, &seconds), kGpuSuccess);
+  EXPECT_EQ(guardBack, guard) << "a copy wrote past its region";
+
+  AtomicStore<MemoryOrder::Release>(flag, 1u);
+  ASSERT_EQ(GpuEventSynchronize(after), kGpuSuccess);
+  EXPECT_EQ(GpuEventQuery(after), kGpuSuccess);
+  std::vector<uint32_t> host(8);
+  ASSERT_EQ(GpuMemcpy(host.data(), out, 8 * sizeof(uint32_t)), kGpuSuccess);
+  for (uint32_t i = 0; i < 8; ++i) EXPECT_EQ(host[i], 0xC0FFEEu + i);
+  EXPECT_EQ(GpuEventDestroy(after), kGpuSuccess);
+  EXPECT_EQ(GpuStreamDestroy(stream), kGpuSuccess);
+  EXPECT_EQ(GpuFree(device_buf), kGpuSuccess);
+  EXPECT_EQ(GpuFree(out), kGpuSuccess);
+  EXPECT_EQ(GpuFreeHost(flag), kGpuSuccess);
+}
+
+#if MORI_BACKEND_HOST
+// A forked child makes a copy stream of its own (its parent's stream's worker thread is not in the child)
+// and copies on it; the parent's stream still works after the fork.
+TEST_F(Kernel, AForkedChildCopiesOnACopyStreamOfItsOwn) {
+#if defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "ThreadSanitizer ends a child that starts threads after a multi-threaded fork";
+#endif
+  const GpuStream parents = HostCopyStream();
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    std::vector<uint8_t> up(4096), down(4096, 0);
+    for (size_t i = 0; i < up.size(); ++i) up[i] = static_cast<uint8_t>(i * 5 + 3);
+    uint8_t* dev = nullptr;
+    if (GpuMalloc(reinterpret_cast<void**>(&dev), up.size()) != kGpuSuccess) _exit(10);
+    double seconds = 0;
+    GpuStream mine = HostCopyStream();
+    if (mine == nullptr) _exit(11);
+    if (TimedStreamCopy(dev, up.data(), up.size(), mine, &seconds) != kGpuSuccess ||
+        TimedStreamCopy(down.data(), dev, down.size(), mine, &seconds) != kGpuSuccess)
+      _exit(12);
+    _exit(down == up ? 0 : 13);
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      (void)waitpid(pid, &status, 0);
+      FAIL() << "the child's copies did not finish in 30 s (it waited on its parent's stream?)";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10: no memory, 11: no stream, 12: a copy failed, 13: wrong bytes";
+  EXPECT_EQ(HostCopyStream(), parents);
+  std::vector<uint8_t> up(256), down(256);
+  for (size_t i = 0; i < up.size(); ++i) up[i] = static_cast<uint8_t>(255 - i);
+  uint8_t* dev = nullptr;
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&dev), up.size()), kGpuSuccess);
+  double seconds = 0;
+  ASSERT_EQ(TimedStreamCopy(dev, up.data(), up.size(), parents, &seconds), kGpuSuccess);
+  ASSERT_EQ(TimedStreamCopy(down.data(), dev, down.size(), parents, &seconds), kGpuSuccess);
+  EXPECT_EQ(down, up);
+  EXPECT_EQ(GpuFree(dev), kGpuSuccess);
+}
+#endif
 
 // HOST: a kernel that never ends (here, until the test lets it go) holds no synchronisation longer than twice
 // MORI_TIMEOUT_S and 10 s: stream, event and device synchronisation return kGpuErrorTimeout and say why; once

@@ -80,6 +80,7 @@ inline GpuStatus GpuEventCreate(GpuEvent* e) { return cudaEventCreate(e); }
 inline GpuStatus GpuEventDestroy(GpuEvent e) { return cudaEventDestroy(e); }
 inline GpuStatus GpuEventRecord(GpuEvent e, GpuStream s) { return cudaEventRecord(e, s); }
 inline GpuStatus GpuEventSynchronize(GpuEvent e) { return cudaEventSynchronize(e); }
+inline GpuStatus GpuEventQuery(GpuEvent e) { return cudaEventQuery(e); }
 inline GpuStatus GpuEventElapsedTime(float* ms, GpuEvent a, GpuEvent b) { return cudaEventElapsedTime(ms, a, b); }
 inline GpuStatus GpuGetLastError() { return cudaGetLastError(); }
 inline const char* GpuGetErrorString(GpuStatus s) { return cudaGetErrorString(s); }
@@ -156,6 +157,7 @@ inline GpuStatus GpuEventCreate(GpuEvent* e) { return hipEventCreate(e); }
 inline GpuStatus GpuEventDestroy(GpuEvent e) { return hipEventDestroy(e); }
 inline GpuStatus GpuEventRecord(GpuEvent e, GpuStream s) { return hipEventRecord(e, s); }
 inline GpuStatus GpuEventSynchronize(GpuEvent e) { return hipEventSynchronize(e); }
+inline GpuStatus GpuEventQuery(GpuEvent e) { return hipEventQuery(e); }
 inline GpuStatus GpuEventElapsedTime(float* ms, GpuEvent a, GpuEvent b) { return hipEventElapsedTime(ms, a, b); }
 inline GpuStatus GpuGetLastError() { return hipGetLastError(); }
 inline const char* GpuGetErrorString(GpuStatus s) { return hipGetErrorString(s); }
@@ -172,7 +174,7 @@ enum GpuStatus : int {
   kGpuErrorMemoryAllocation = 2,
   kGpuErrorInvalidDevice = 3,
   kGpuErrorNotReady = 4,
-  kGpuErrorLaunchFailure = 5,     // a kernel thread trapped (device assert, bounded wait ran out)
+  kGpuErrorLaunchFailure = 5,  // a kernel thread trapped (device assert, bounded wait ran out)
   kGpuErrorInvalidConfiguration = 6,
   kGpuErrorNotSupported = 7,
   kGpuErrorTimeout = 8,  // a stream, event or device synchronisation outlived its bound (a kernel that never ends)
@@ -212,6 +214,8 @@ GpuStatus GpuEventCreate(GpuEvent* e);
 GpuStatus GpuEventDestroy(GpuEvent e);
 GpuStatus GpuEventRecord(GpuEvent e, GpuStream s);
 GpuStatus GpuEventSynchronize(GpuEvent e);
+// kGpuSuccess when the work recorded before it is done (or it was never recorded), else kGpuErrorNotReady.
+GpuStatus GpuEventQuery(GpuEvent e);
 GpuStatus GpuEventElapsedTime(float* ms, GpuEvent a, GpuEvent b);
 GpuStatus GpuGetLastError();
 const char* GpuGetErrorString(GpuStatus s);

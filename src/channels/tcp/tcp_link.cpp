@@ -107,17 +107,15 @@ struct OutFrame {
   bool raw = false;  // tests: `owned` goes out as it is, no header
 };
 
-// The GPU side of one channel thread: the device set for this thread (the current device is per thread) and a
-// stream of its own, so that its copies never wait behind kernels on the default stream (a kernel may be
+// The GPU side of one channel thread: the device set for this thread (the current device is per thread) and the
+// process's copy stream (HostCopyStream), so that its copies never wait behind kernels (a kernel may be
 // spinning until this very data arrives).
 class GpuLane {
  public:
   // label: names the link and channel, ending in ": ", in warnings (called only then: the name settles after
   // setup).
   GpuLane(int device, std::function<std::string()> label) : device_(device), label_(std::move(label)) {}
-  ~GpuLane() {
-    if (stream_ != nullptr) (void)GpuStreamDestroy(stream_);
-  }
+  ~GpuLane() = default;
   GpuLane(const GpuLane&) = delete;
   GpuLane& operator=(const GpuLane&) = delete;
 
@@ -125,7 +123,7 @@ class GpuLane {
   void Ensure() {
     if (ready_) return;
     if (device_ >= 0) MORI_CHECK_GPU(GpuSetDevice(device_));
-    MORI_CHECK_GPU(GpuStreamCreate(&stream_));
+    stream_ = HostCopyStream(device_);
     ready_ = true;
   }
 

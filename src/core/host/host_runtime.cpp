@@ -661,6 +661,12 @@ GpuStatus GpuEventSynchronize(GpuEvent e) {
   return kGpuSuccess;
 }
 
+GpuStatus GpuEventQuery(GpuEvent e) {
+  if (e == nullptr) return Fail(kGpuErrorInvalidValue);
+  std::lock_guard<std::mutex> lock(e->mutex);
+  return e->done ? kGpuSuccess : kGpuErrorNotReady;
+}
+
 GpuStatus GpuEventElapsedTime(float* ms, GpuEvent a, GpuEvent b) {
   if (ms == nullptr || a == nullptr || b == nullptr) return Fail(kGpuErrorInvalidValue);
   std::scoped_lock lock(a->mutex, b->mutex);

@@ -12,7 +12,6 @@
 namespace mori::rdma::emulated {
 
 NicMemory::~NicMemory() {
-  if (stream_ != nullptr) (void)core::GpuStreamDestroy(stream_);
   if (staging_ != nullptr) (void)core::GpuFreeHost(staging_);
 }
 
@@ -49,9 +48,7 @@ void NicMemory::UseGpu(int gpu) {
     staging_ = static_cast<uint8_t*>(p);
   }
   if (streamGpu_ == gpu && stream_ != nullptr) return;
-  if (stream_ != nullptr) (void)core::GpuStreamDestroy(stream_);
-  stream_ = nullptr;
-  MORI_CHECK_GPU(core::GpuStreamCreate(&stream_));
+  stream_ = core::HostCopyStream(gpu);  // the process's, shared with its other host-side copies
   streamGpu_ = gpu;
 }
 
