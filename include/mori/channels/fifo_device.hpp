@@ -94,21 +94,28 @@ struct FifoDeviceHandle {
     // which reads the tail itself with acquire.
 #if MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
     // hipcc 5.2's AMDGPU backend fails on the branch into WaitForRoom below ("failed to annotate CFG"):
-    // HIP producers read the host's tail on every push, as before the device-side copy existed.
+    // HIP producers read the host's tail on every push, as before the device-side copy existed, and write
+    // after the wait; every push fences (the same failure on this fence under a branch).
     uint64_t first = AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(head, static_cast<uint64_t>(n));
-    WaitForRoom(first, n);
+    WaitForRoom(first, n, items, order);
+    (void)order;
+    AtomicFence<MemoryOrder::Release, Scope::System>();
+    StoreSlots(items, first, n);
 #else
     const uint64_t seen = AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(tailSeen);
     uint64_t first = AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(head, static_cast<uint64_t>(n));
-    if (MORI_UNLIKELY(first + n > seen + size)) WaitForRoom(first, n);
+    if (MORI_UNLIKELY(first + n > seen + size)) {
+      WaitForRoom(first, n, items, order);  // writes the slots
+    } else {
+      Write(items, first, n, order);
+    }
 #endif
-    // A release fence and relaxed slot stores after it (a release pattern): one fence covers all the slots.
-#if MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
-    // hipcc 5.2's AMDGPU backend fails on this fence under a branch ("failed to annotate CFG"): on HIP every
-    // push fences.
-    (void)order;
-    AtomicFence<MemoryOrder::Release, Scope::System>();
-#else
+    return first;
+  }
+
+  // The fence `order` asks for, then the slots [first, first + n): a release fence and relaxed slot stores
+  // after it (a release pattern), one fence for all the slots.
+  MORI_DEVICE_INLINE void Write(const ProxyTrigger* items, uint64_t first, uint32_t n, FifoOrder order) const {
     if (order == FifoOrder::AfterWrites) {
       AtomicFence<MemoryOrder::Release, Scope::System>();
     } else if (order == FifoOrder::AfterDeviceWrites) {
@@ -118,13 +125,15 @@ struct FifoDeviceHandle {
       AtomicFence<MemoryOrder::Release, Scope::System>();
 #endif
     }
-#endif
+    StoreSlots(items, first, n);
+  }
+
+  MORI_DEVICE_INLINE void StoreSlots(const ProxyTrigger* items, uint64_t first, uint32_t n) const {
     for (uint32_t k = 0; k < n; ++k) {
       uint64_t slot = first + k;
       StoreSlot(&triggers[slot & (size - 1)], items[k].fst,
                 (items[k].snd & ~kTriggerLapBit) | TriggerLapBit(slot, size));
     }
-    return first;
   }
 
   MORI_DEVICE_INLINE uint64_t Push(ProxyTrigger trigger, FifoOrder order = FifoOrder::AfterWrites) {
@@ -155,24 +164,39 @@ struct FifoDeviceHandle {
   static constexpr uint64_t kTailReadersWindow = 64;
   static constexpr uint32_t kFarFailureCheckEvery = 1024;
 
-  // Waits (bounded) until the host has popped enough for slots [first, first + n), and publishes what it saw
-  // of the host's tail in tailSeen for the producers after it. Only those near the front of the queue read
+  // Waits (bounded) until the host has popped enough for slots [first, first + n), writes them (Write with
+  // `items` and `order`; on HIP the caller writes them after), and publishes what it saw of the host's tail
+  // in tailSeen for the producers after it. The slots are written inside the wait, as soon as there is room:
+  // the lanes of one warp that push together claim consecutive slots, so in a ring of fewer slots than a
+  // warp's lanes a lane's room waits for another lane's slot to be written and popped. Written after the
+  // wait returned, that slot came only once the lanes of the warp left the wait together, when the scheduler
+  // gave up waiting for the lanes still in it (4,096 pushers through a 4-slot ring: 12 thousand triggers a
+  // second on an H200, docs/PERF.md, 2026-11-29). Only those near the front of the queue read
   // the host's tail: 4,096 producers all reading it over PCIe took the FIFO from 36 to 1.6 million triggers
   // per second (fifo_bench, H100, 2026-11-26), each pop then waiting for a read queued behind thousands.
-  MORI_DEVICE_NOINLINE void WaitForRoom(uint64_t first, uint32_t n) const {
+  MORI_DEVICE_NOINLINE void WaitForRoom(uint64_t first, uint32_t n, const ProxyTrigger* items, FifoOrder order) const {
     SpinDeadline deadline(timeoutNs, stop);
     uint32_t polls = 0;
     for (;;) {
       // Acquire: tailSeen was raised (release) by a producer that had read the host's tail with acquire, so
       // the host's reads of the slots' previous contents come before our stores into them.
       uint64_t seen = AtomicLoad<MemoryOrder::Acquire, Scope::Device>(tailSeen);
-      if (first + n <= seen + size) return;
+      bool room = first + n <= seen + size;
       const bool reader = first <= seen + size + kTailReadersWindow;
-      if (reader) {
+      if (!room && reader) {
         uint64_t popped = AtomicLoad<MemoryOrder::Acquire, Scope::System>(tail);
         // Raised only when it moves: the readers would otherwise queue on the word every poll.
         if (popped > seen) AtomicFetchMax<MemoryOrder::Release, Scope::Device>(tailSeen, popped);
-        if (first + n <= popped + size) return;
+        room = first + n <= popped + size;
+      }
+      if (room) {
+#if MORI_BACKEND_HIP && MORI_DEVICE_COMPILE
+        (void)items;
+        (void)order;
+#else
+        Write(items, first, n, order);
+#endif
+        return;
       }
       // A failed proxy pops nothing more: the readers notice soon, the rest seldom (host memory again).
       if (++polls % (reader ? kFailureCheckEvery : kFarFailureCheckEvery) == 0) CheckProxy();
