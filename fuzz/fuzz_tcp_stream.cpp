@@ -43,6 +43,7 @@
 
 #include "fuzz_os.hpp"
 #include "fuzz_util.hpp"
+#include "mori/core/copy_stream.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/unique_fd.hpp"
@@ -802,8 +803,10 @@ class Harness {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   setenv("MORI_TIMEOUT_S", "1", 1);      // every wait of the link is bounded, and short
   setenv("MORI_LOG_LEVEL", "error", 1);  // every refused frame fails the link with a warning
-  // The HOST runtime's default stream (a thread) is made on first use: made now, it is not counted as a leak.
+  // The HOST runtime's default stream and the process's copy stream (which the link's bounce buffers use for
+  // device memory) are threads made on first use and kept: made now, they are not counted as a leak.
   MORI_FUZZ_ASSERT(mori::core::GpuDeviceSynchronize() == mori::core::kGpuSuccess, "GpuDeviceSynchronize");
+  MORI_FUZZ_ASSERT(mori::core::HostCopyStream() != nullptr, "HostCopyStream");
   return 0;
 }
 
