@@ -34,7 +34,12 @@ run_ctest() {  # name, build dir, extra ctest arguments
   summary+=("$1: $(grep -E '^[0-9]+% tests passed' "$log" || echo 'ctest did not finish') ($((SECONDS - start)) s)")
   echo "   tests ran for $((SECONDS - start)) s"
   grep -E '^[0-9]+% tests passed|tests? (FAILED|did not run)|^\s+[0-9]+ - ' "$log"
-  [ $rc -eq 0 ] || { failed+=("$1 tests"); tail -n 150 "$log"; }
+  if [ $rc -ne 0 ]; then
+    failed+=("$1 tests")
+    # Each failed test's own output (ctest prints it after the test's result line), then the log's end.
+    awk '/\*\*\*(Failed|Timeout|Exception)/ {n = 120} n > 0 {print; n--}' "$log" | head -n 400
+    tail -n 40 "$log"
+  fi
 }
 
 build() {  # name, dir, cmake args...
