@@ -296,6 +296,7 @@ python_prebuild() {
 import test_extension; test_extension.load('$pyb/ext')" > "$out/python_ext_build.log" 2>&1
     echo "test extension build: exit $?, $((SECONDS - start)) s" >> "$out/python_ext_build.log"
   fi
+  echo "$r" > "$out/python_build.rc"
   return $r
 }
 python_prebuild_pid=
@@ -303,6 +304,67 @@ if python_wanted; then
   python_prebuild &
   python_prebuild_pid=$!
 fi
+# The Python phase (a function: under MPS it runs in the background beside the 2-PE mpirun group, see below).
+# It waits for the module built in the background (its status in python_build.rc: the builder is no child of a
+# background phase) and returns 1 when a step failed.
+python_phase() {
+  local rc=0 start=$SECONDS pyrc
+  while [ ! -f "$out/python_build.rc" ]; do sleep 1; done
+  pyrc=$(cat "$out/python_build.rc")
+  echo "python module build: exit $pyrc, waited $((SECONDS - start)) s for it ($(tail -n 1 "$out/python_build.log" |
+    sed -n 's/.*exit [0-9]*, //p') in the background; $(tail -n 1 "$out/python_ext_build.log" 2>/dev/null))" |
+    tee -a "$out/summary.txt"
+  if [ $pyrc -eq 0 ]; then
+    export "${python_env[@]}"
+    if [ -n "${EP_BENCH:-}" ] && [ -x "$torchrun" ]; then
+      impl=mori,nccl
+      [ ${#mps_env[@]} -gt 0 ] && impl=mori
+      for shape in "intra 4096" "ll 128" "intra 128"; do
+        read -r kernel tokens <<< "$shape"
+        run "python_ep_bench_${kernel}_$tokens" env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=2g "$torchrun" --standalone \
+          --nproc_per_node=2 "$repo/bench/ep_bench.py" --impl $impl --kernel "$kernel" --tokens "$tokens" ${EP_BENCH_PY_ARGS:-}
+      done
+    fi
+    if [ $have_pytest = 1 ]; then
+      # Two pytest processes at once (most tests start two to four Python processes that import torch, 4-7 s
+      # each; under MPS their kernels run side by side): the multi-PE launch tests, and the rest.
+      pytest_=("$py" -m pytest -q --durations=10 -p no:cacheprovider)
+      run python_tests_multi_pe env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "${pytest_[@]}" \
+        --basetemp=/tmp/mori-pytest-multi-pe "$repo/python/tests/test_multi_pe.py" &
+      multi_pe_pid=$!
+      run python_tests env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "${pytest_[@]}" \
+        --basetemp=/tmp/mori-pytest-rest "$repo/python/tests/test_single_pe.py" \
+        "$repo/python/tests/test_extension.py" "$repo/python/tests/test_ep.py"
+      wait "$multi_pe_pid"
+      if python_step python_tests_multi_pe && ! grep -q '^python_tests_multi_pe: exit 0,' "$out/summary.txt"; then rc=1; fi
+      # The all-gather example as a PyTorch user starts it: torchrun, two processes on this GPU.
+      [ -x "$torchrun" ] && run python_allgather_torchrun env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m \
+        "$torchrun" --standalone --nproc_per_node=2 "$repo/python/examples/allgather.py" 1048576 3
+    else
+      for tr in p2p rdma proxy; do
+        run "python_worker_$tr" env PYTHONPATH="$repo/python/tests:$PYTHONPATH" MORI_TIMEOUT_S=60 \
+          MORI_SHMEM_HEAP_SIZE=256m "${mpirun_[@]}" -np 2 -x PYTHONPATH -x MORI_TIMEOUT_S -x MORI_SHMEM_HEAP_SIZE \
+          -x MORI_SHMEM_TRANSPORT="$tr" "$py" "$repo/python/tests/shmem_worker.py" env
+      done
+    fi
+  else
+    rc=1
+  fi
+  return $rc
+}
+python_pid= python_started=0
+python_start() {  # starts the Python phase in the background (once, when the module is being built)
+  [ -n "$python_prebuild_pid" ] && [ $python_started = 0 ] || return 0
+  python_started=1
+  python_phase &
+  python_pid=$!
+}
+python_finish() {  # waits for the Python phase, starting it first when it has not started yet
+  python_start
+  [ -n "$python_pid" ] || return 0
+  wait "$python_pid" || rc=1
+  python_pid=
+}
 start=$SECONDS
 if [ "${CTEST:-1}" = 0 ]; then
   echo "ctest skipped (CTEST=0)" | tee -a "$out/summary.txt"
@@ -335,7 +397,12 @@ elif [ ${#mps_env[@]} -gt 0 ]; then
   # clients of SMs and stalls (EP over proxy, docs/PERF.md); with 12% each it passes.
   # The EP suite over the proxy with 4 PEs runs alone: beside another 4-PE job its proxies' copies stalled behind
   # spinning kernels until the 60-s bounds (docs/PERF.md, 2026-11-25 and 2026-11-27), alone it passes.
+  # The Python phase runs beside the 2-PE group (about 150 s of its 180: two pytest processes of 2-PE jobs and
+  # single processes; the job did not fit a 600-s device command with the two one after the other) and is waited
+  # for before the 4-PE group, whose jobs take a smaller share of the SMs each.
   for group in 2 4 ep4 8; do
+    [ "$group" = 2 ] && python_start
+    [ "$group" = 4 ] && python_finish
     start=$SECONDS
     what="mpirun suites and examples of $group PEs or fewer"
     case $group in
@@ -385,50 +452,7 @@ done
 # combine written with torch.distributed.all_to_all_single over NCCL, at 4096 tokens (IntraNode) and 128
 # (LowLatency and IntraNode); NCCL refuses two ranks on one GPU, so with PEs sharing a GPU mori runs alone.
 # EP_BENCH_PY_ARGS: more arguments for each of those runs (e.g. --host-split 20).
-if [ -n "$python_prebuild_pid" ]; then
-  start=$SECONDS
-  wait "$python_prebuild_pid"
-  pyrc=$?
-  echo "python module build: exit $pyrc, waited $((SECONDS - start)) s for it ($(tail -n 1 "$out/python_build.log" |
-    sed -n 's/.*exit [0-9]*, //p') in the background; $(tail -n 1 "$out/python_ext_build.log" 2>/dev/null))" |
-    tee -a "$out/summary.txt"
-  if [ $pyrc -eq 0 ]; then
-    export "${python_env[@]}"
-    if [ -n "${EP_BENCH:-}" ] && [ -x "$torchrun" ]; then
-      impl=mori,nccl
-      [ ${#mps_env[@]} -gt 0 ] && impl=mori
-      for shape in "intra 4096" "ll 128" "intra 128"; do
-        read -r kernel tokens <<< "$shape"
-        run "python_ep_bench_${kernel}_$tokens" env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=2g "$torchrun" --standalone \
-          --nproc_per_node=2 "$repo/bench/ep_bench.py" --impl $impl --kernel "$kernel" --tokens "$tokens" ${EP_BENCH_PY_ARGS:-}
-      done
-    fi
-    if [ $have_pytest = 1 ]; then
-      # Two pytest processes at once (most tests start two to four Python processes that import torch, 4-7 s
-      # each; under MPS their kernels run side by side): the multi-PE launch tests, and the rest.
-      pytest_=("$py" -m pytest -q --durations=10 -p no:cacheprovider)
-      run python_tests_multi_pe env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "${pytest_[@]}" \
-        --basetemp=/tmp/mori-pytest-multi-pe "$repo/python/tests/test_multi_pe.py" &
-      multi_pe_pid=$!
-      run python_tests env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m "${pytest_[@]}" \
-        --basetemp=/tmp/mori-pytest-rest "$repo/python/tests/test_single_pe.py" \
-        "$repo/python/tests/test_extension.py" "$repo/python/tests/test_ep.py"
-      wait "$multi_pe_pid"
-      if python_step python_tests_multi_pe && ! grep -q '^python_tests_multi_pe: exit 0,' "$out/summary.txt"; then rc=1; fi
-      # The all-gather example as a PyTorch user starts it: torchrun, two processes on this GPU.
-      [ -x "$torchrun" ] && run python_allgather_torchrun env MORI_TIMEOUT_S=60 MORI_SHMEM_HEAP_SIZE=256m \
-        "$torchrun" --standalone --nproc_per_node=2 "$repo/python/examples/allgather.py" 1048576 3
-    else
-      for tr in p2p rdma proxy; do
-        run "python_worker_$tr" env PYTHONPATH="$repo/python/tests:$PYTHONPATH" MORI_TIMEOUT_S=60 \
-          MORI_SHMEM_HEAP_SIZE=256m "${mpirun_[@]}" -np 2 -x PYTHONPATH -x MORI_TIMEOUT_S -x MORI_SHMEM_HEAP_SIZE \
-          -x MORI_SHMEM_TRANSPORT="$tr" "$py" "$repo/python/tests/shmem_worker.py" env
-      done
-    fi
-  else
-    rc=1
-  fi
-fi
+python_finish
 grep -hE "\*\*\*|tests passed|Total Test time" "$out"/ctest*.log | tail -n 40
 cat "$out/summary.txt" "$out/shmem_compare.txt" 2>/dev/null | tail -n 80
 exit $rc
