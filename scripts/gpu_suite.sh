@@ -300,17 +300,19 @@ import test_extension; test_extension.load('$pyb/ext')" > "$out/python_ext_build
   return $r
 }
 python_prebuild_pid=
+rm -f "$out/python_build.rc"  # a folder reused from an earlier run must not say the build is done
 if python_wanted; then
   python_prebuild &
   python_prebuild_pid=$!
 fi
 # The Python phase (a function: under MPS it runs in the background beside the 2-PE mpirun group, see below).
 # It waits for the module built in the background (its status in python_build.rc: the builder is no child of a
-# background phase) and returns 1 when a step failed.
+# background phase, so `wait` cannot take it; a builder that ended without writing it counts as failed) and
+# returns 1 when a step failed.
 python_phase() {
   local rc=0 start=$SECONDS pyrc
-  while [ ! -f "$out/python_build.rc" ]; do sleep 1; done
-  pyrc=$(cat "$out/python_build.rc")
+  while [ ! -f "$out/python_build.rc" ] && kill -0 "$python_prebuild_pid" 2>/dev/null; do sleep 1; done
+  pyrc=$(cat "$out/python_build.rc" 2>/dev/null || echo 1)
   echo "python module build: exit $pyrc, waited $((SECONDS - start)) s for it ($(tail -n 1 "$out/python_build.log" |
     sed -n 's/.*exit [0-9]*, //p') in the background; $(tail -n 1 "$out/python_ext_build.log" 2>/dev/null))" |
     tee -a "$out/summary.txt"
