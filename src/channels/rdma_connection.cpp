@@ -176,6 +176,7 @@ std::shared_future<std::shared_ptr<Connection>> ConnectRdma(Communicator::Impl& 
 
   auto pending = std::make_shared<PendingEndpoint>();
   pending->endpoint = nic->CreateRdmaEndpoint(epConfig);
+  rdma::SetPeerRank(pending->endpoint.wqHandle, remoteRank);
   pending->nic = nic;
   pending->alive = comm.alive;
 

@@ -269,6 +269,7 @@ void Runtime::SetUpRdma() {
   for (int pe = 0; pe < nPes_; ++pe) {
     for (uint32_t q = 0; q < qpsPerPe_; ++q) {
       rdma::RdmaEndpoint& local = endpoints_[static_cast<size_t>(pe) * qpsPerPe_ + q];
+      rdma::SetPeerRank(local.wqHandle, pe);  // the device's waits on this QP name the PE when they time out
       if (pe == rank_) {
         rdma::RdmaEndpoint peer = nic_->CreateRdmaEndpoint(config);
         nic_->ConnectEndpoint(local.handle, peer.handle);

@@ -237,6 +237,51 @@ TEST(Mlx5Wqe, OversizeRequestsTrapInsteadOfPosting) {
   EXPECT_NE(log.find("exceeds the NIC's 1073741824-byte limit"), std::string::npos) << log;
   EXPECT_NE(log.find("the receive queue is full"), std::string::npos) << log;
 }
+
+// A bounded wait on a queue whose peer went silent traps naming the QP and the rank at its other end (what a
+// job's survivors must say when a PE dies), or "rank -1" where whoever connected the QP did not say.
+TEST(Mlx5Wqe, WaitsThatTimeOutNameThePeerRank) {
+  constexpr uint64_t kTimeoutNs = 50'000'000;
+  EXPECT_EQ(PeerRank(WorkQueueHandle{}), -1) << "a handle nobody connected names no rank";
+  auto trapText = [](auto wait) {
+    testing::internal::CaptureStderr();
+    EXPECT_THROW(wait(), core::host::KernelTrap);
+    return testing::internal::GetCapturedStderr();
+  };
+  // Quiet: the NOP is posted and announced; no completion comes.
+  FakeQueues quiet(8);
+  SetPeerRank(quiet.wq, 6);
+  quiet.cqh.pollLock = 1;  // another poller holds the CQ: nothing is retired
+  std::string log = trapText([&] { QuietQueue<kMlx5>(quiet.wq, quiet.cqh, kTimeoutNs); });
+  EXPECT_NE(log.find("qp 4660 (to rank 6): quiet waited 50000000 ns for slot 0 (0 completed): is rank 6 alive?"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(quiet.wq.dbTouchIdx, 1u) << "the quiet's NOP was announced before the wait";
+  // Room: all 4 slots are taken and none completes.
+  FakeQueues full(4);
+  SetPeerRank(full.wq, 2);
+  full.wq.postIdx = 4;
+  full.cqh.pollLock = 1;
+  log = trapText([&] { ReserveSendSlots<kMlx5>(full.wq, full.cqh, 1, kTimeoutNs); });
+  EXPECT_NE(log.find("qp 4660 (to rank 2): no room in the send queue for 50000000 ns (slot 4, 0 completed, depth 4)"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("(rank 2 gone? link down?)"), std::string::npos) << log;
+  // Doorbell order: slot 3 waits for slots 0-2, whose poster never announces them.
+  FakeQueues order(8);
+  SetPeerRank(order.wq, 0);
+  log = trapText([&] { RingDoorbellOrdered<kMlx5>(order.wq, 3, 1, 0, kTimeoutNs); });
+  EXPECT_NE(log.find("qp 4660 (to rank 0): slot 3 waited 50000000 ns for earlier slots' doorbells (at 0)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(order.uar, 0u) << "the doorbell rang out of order";
+  // Unnamed: the message says so rather than naming rank 0.
+  FakeQueues unnamed(4);
+  unnamed.wq.postIdx = 4;
+  unnamed.cqh.pollLock = 1;
+  log = trapText([&] { ReserveSendSlots<kMlx5>(unnamed.wq, unnamed.cqh, 1, kTimeoutNs); });
+  EXPECT_NE(log.find("qp 4660 (to rank -1): no room"), std::string::npos) << log;
+}
 #endif
 
 TEST(Mlx5Wqe, DoorbellRecordAndRegister) {

@@ -227,10 +227,10 @@ MORI_HOST_DEVICE_INLINE bool WaitForSendRoom(WorkQueueHandle& wq, CompletionQueu
   while (slot + n - core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.doneIdx) > wq.sqWqeNum) {
     RetireCompletions<P>(cq, wq);
     MORI_DEVICE_ASSERT(!deadline.Expired(),
-                       "qp %u: no room in the send queue for %llu ns (slot %u, %u completed, depth %u): completions "
-                       "stopped coming (peer gone? link down?)",
-                       wq.qpn, static_cast<unsigned long long>(timeoutNs), slot,
-                       core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&wq.doneIdx), wq.sqWqeNum);
+                       "qp %u (to rank %d): no room in the send queue for %llu ns (slot %u, %u completed, depth %u): "
+                       "completions stopped coming (rank %d gone? link down?)",
+                       wq.qpn, PeerRank(wq), static_cast<unsigned long long>(timeoutNs), slot,
+                       core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&wq.doneIdx), wq.sqWqeNum, PeerRank(wq));
     if (deadline.Stopped()) return false;
     core::SpinPause();
   }
@@ -255,8 +255,9 @@ MORI_HOST_DEVICE_INLINE void RingDoorbellOrdered(WorkQueueHandle& wq, uint32_t s
   using core::Scope;
   core::SpinDeadline deadline(timeoutNs, wq.stop);
   while (core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.dbTouchIdx) != slot) {
-    MORI_DEVICE_ASSERT(!deadline.Expired(), "qp %u: slot %u waited %llu ns for earlier slots' doorbells (at %u)",
-                       wq.qpn, slot, static_cast<unsigned long long>(timeoutNs),
+    MORI_DEVICE_ASSERT(!deadline.Expired(),
+                       "qp %u (to rank %d): slot %u waited %llu ns for earlier slots' doorbells (at %u)", wq.qpn,
+                       PeerRank(wq), slot, static_cast<unsigned long long>(timeoutNs),
                        core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&wq.dbTouchIdx));
     core::SpinPause();
   }
@@ -376,9 +377,10 @@ MORI_HOST_DEVICE_INLINE uint32_t QuietQueue(WorkQueueHandle& wq, CompletionQueue
   core::SpinDeadline deadline(timeoutNs, wq.stop);
   while (static_cast<int32_t>(core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.doneIdx) - (slot + 1)) < 0) {
     RetireCompletions<P>(cq, wq);
-    MORI_DEVICE_ASSERT(!deadline.Expired(), "qp %u: quiet waited %llu ns for slot %u (%u completed)", wq.qpn,
-                       static_cast<unsigned long long>(timeoutNs), slot,
-                       core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&wq.doneIdx));
+    MORI_DEVICE_ASSERT(!deadline.Expired(),
+                       "qp %u (to rank %d): quiet waited %llu ns for slot %u (%u completed): is rank %d alive?", wq.qpn,
+                       PeerRank(wq), static_cast<unsigned long long>(timeoutNs), slot,
+                       core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&wq.doneIdx), PeerRank(wq));
     core::SpinPause();
   }
   return core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&cq.errorCount);

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "mori/core/device.hpp"
+
 namespace mori::rdma {
 
 enum class ProviderType : uint32_t { Unknown = 0, MLX5 = 1, IBVerbs = 2 };
@@ -59,8 +61,19 @@ struct WorkQueueHandle {
   uint32_t qpn;
   uint32_t maxInlineData;
   const uint32_t* stop;  // the process's stop word (core/stop.hpp): waits on this queue leave the kernel once set
+  // The rank at the other end plus one, set by whoever connected the QP (SetPeerRank); 0, as in a zeroed handle:
+  // not said. The device traps of waits on this queue name it (PeerRank), so a report says who went silent.
+  uint32_t peerRankPlus1;
 };
-static_assert(std::is_trivially_copyable_v<WorkQueueHandle>, "WorkQueueHandle is plain data");
+static_assert(std::is_trivially_copyable_v<WorkQueueHandle> && std::is_standard_layout_v<WorkQueueHandle> &&
+                  std::is_trivially_default_constructible_v<WorkQueueHandle>,
+              "WorkQueueHandle is plain data");
+
+// The rank at the other end of `wq`'s QP, -1 when nobody said.
+MORI_HOST_DEVICE_INLINE int PeerRank(const WorkQueueHandle& wq) { return static_cast<int>(wq.peerRankPlus1) - 1; }
+MORI_HOST_DEVICE_INLINE void SetPeerRank(WorkQueueHandle& wq, int rank) {
+  wq.peerRankPlus1 = static_cast<uint32_t>(rank) + 1;
+}
 
 // A receive completion taken off the CQ by a thread that was retiring send completions, kept for whoever
 // polls for receives.
