@@ -28,7 +28,12 @@ if [ "${MPS:-auto}" = on ] || { [ "${MPS:-auto}" = auto ] && [ "${gpus:-0}" -lt 
   export NVSHMEM_IGNORE_CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=1
   if nvidia-cuda-mps-control -d; then
     echo "MPS daemon started: $pes_per_gpu PEs per GPU, $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE% of the SMs each" | tee "$out/mps.txt"
-    trap 'echo quit | nvidia-cuda-mps-control; cp -r "$CUDA_MPS_LOG_DIRECTORY" "$out/mps-log" 2>/dev/null; pack_logs' EXIT
+    # The logs are packed first: `quit` waits for every client to leave, and a client stuck in a hung test kept it
+    # (and the packing behind it) past the device command's limit once (2026-11-29, afternoon). Then the daemon
+    # gets 20 s, and the packing is done again with the MPS logs.
+    trap 'cp -r "$CUDA_MPS_LOG_DIRECTORY" "$out/mps-log" 2>/dev/null; pack_logs
+          echo quit | timeout 20 nvidia-cuda-mps-control
+          cp -r "$CUDA_MPS_LOG_DIRECTORY/." "$out/mps-log" 2>/dev/null; pack_logs' EXIT
   else
     echo "MPS daemon did not start: PEs sharing a GPU take turns in time slices" | tee "$out/mps.txt"
     trap pack_logs EXIT
@@ -354,6 +359,18 @@ python_phase() {
   fi
   return $rc
 }
+# Under MPS: whether a new client can start (a test that allocates and copies), noted in the summary when it cannot. In
+# one whole run (2026-11-29, afternoon) every client after the single-process phase failed with "MPS client failed
+# to connect to the MPS control daemon or the MPS server", the cause not found (the same phases with fewer tests
+# passed); this says when it begins.
+mps_probe() {
+  [ ${#mps_env[@]} -gt 0 ] || return 0
+  timeout 30 ./tests/mori_unit_tests --gtest_filter=GpuBufferTest.DeviceAndHostPinnedMemoryHoldData \
+    > "$out/mps_probe.txt" 2>&1 && return 0
+  echo "MPS: a new client could not start before $1 ($(grep -m1 -i 'mps\|error' "$out/mps_probe.txt"))" |
+    tee -a "$out/summary.txt"
+  cp -r "$CUDA_MPS_LOG_DIRECTORY" "$out/mps-log-at-probe" 2>/dev/null
+}
 python_pid= python_started=0
 python_start() {  # starts the Python phase in the background (once, when the module is being built)
   [ -n "$python_prebuild_pid" ] && [ $python_started = 0 ] || return 0
@@ -403,6 +420,7 @@ elif [ ${#mps_env[@]} -gt 0 ]; then
   # single processes; the job did not fit a 600-s device command with the two one after the other) and is waited
   # for before the 4-PE group, whose jobs take a smaller share of the SMs each.
   for group in 2 4 ep4 8; do
+    mps_probe "the mpirun group of $group"
     [ "$group" = 2 ] && python_start
     [ "$group" = 4 ] && python_finish
     start=$SECONDS
