@@ -10,15 +10,17 @@ import chaos  # noqa: E402
 
 def judge(victim, victim_gone, survivors, phase="steady"):
     """A trial whose rank `victim` was killed and ended `victim_gone` s later (None: not seen to end), with
-    survivors {rank: (seconds to its end, PEs its runtime named, PEs the job named[, outcome])}, each exiting
-    with its FAILED line unless an outcome says otherwise; returns the trial after resolve_naming."""
+    survivors {rank: (seconds to its end, PEs its runtime named, PEs the job named[, outcome[, seconds to its
+    FAILED line]])}, each exiting with its FAILED line unless an outcome says otherwise; returns the trial after
+    resolve_naming."""
     t = chaos.Trial.__new__(chaos.Trial)
     t.args = types.SimpleNamespace(phase=phase)
     t.victim = victim
     t.victim_gone = victim_gone
     t.problems = []
     t.survivors = {r: dict(outcome=(v[3] if len(v) > 3 else "ok"), seconds=v[0], runtime_names=set(v[1]),
-                           job_names=set(v[2])) for r, v in survivors.items()}
+                           job_names=set(v[2]), reported=(v[4] if len(v) > 4 else None))
+                   for r, v in survivors.items()}
     t.resolve_naming()
     return t
 
@@ -41,6 +43,17 @@ class Naming(unittest.TestCase):
             self.assertEqual(t.problems, [], gone)
             self.assertEqual(t.survivors[3]["named"], "cascade before the death showed")
             self.assertEqual(t.survivors[3]["outcome"], "ok")
+
+    def test_a_cascade_reported_before_the_victim_was_gone_is_counted_though_it_ended_after(self):
+        # The CI run of a29e020: victim gone 1.98 s after the kill; ranks 1 and 2 reported before, ended after.
+        t = judge(3, 1.98, {0: (2.19, {3}, set(), "ok", 2.1), 1: (2.13, {0}, {0}, "ok", 1.9),
+                            2: (2.14, {0}, {0}, "ok", 1.9)})
+        self.assertEqual(t.problems, [])
+        self.assertEqual(t.survivors[1]["named"], "cascade before the death showed")
+        # Reported after the victim was gone: a cascade fails.
+        t = judge(3, 1.98, {0: (2.19, {3}, set(), "ok", 2.1), 1: (2.13, {0}, {0}, "ok", 2.0),
+                            2: (2.14, {0}, {0}, "ok", 1.9)})
+        self.assertEqual([c for c, _ in t.problems], ["cascade"])
 
     def test_naming_nobody_fails_even_before_the_victim_is_gone(self):
         t = judge(1, None, {0: (2.2, {1}, {1}), 2: (2.2, {1}, set()), 3: (2.22, set(), set())})
