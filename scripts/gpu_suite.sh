@@ -359,10 +359,10 @@ python_phase() {
   fi
   return $rc
 }
-# Under MPS: whether a new client can start (a test that allocates and copies), noted in the summary when it cannot. In
-# one whole run (2026-11-29, afternoon) every client after the single-process phase failed with "MPS client failed
-# to connect to the MPS control daemon or the MPS server", the cause not found (the same phases with fewer tests
-# passed); this says when it begins.
+# Under MPS: whether a new client can start (a test that allocates and copies), noted in the summary when it cannot.
+# After a fault in any client the server refuses new ones until every client of that moment has gone: in one whole
+# run (2026-11-29, afternoon) a stale test module faulted in the 2-PE group and every later test failed with "MPS
+# client failed to connect ..." or "MPS server is not ready to accept new MPS client requests"; this says when.
 mps_probe() {
   [ ${#mps_env[@]} -gt 0 ] || return 0
   timeout 30 ./tests/mori_unit_tests --gtest_filter=GpuBufferTest.DeviceAndHostPinnedMemoryHoldData \

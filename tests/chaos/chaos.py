@@ -448,7 +448,7 @@ class Trial:
     def victim_still_there(self, info):
         """Whether the killed process had not yet ended (as the driver polls it) when this survivor reported (its
         FAILED line; when it printed none, when it ended). The end is no measure by itself: an ASan process takes
-        a while to exit after its last line (in the CI run of a29e020 two survivors reported 0.05 s before the
+        a while to exit after its last line (in a local CI run of a29e020 two survivors reported 0.05 s before the
         victim's connections closed, printed their exit lines, and ended 0.15 s after it)."""
         gone = getattr(self, "victim_gone", None)
         when = info.get("reported")
