@@ -3,9 +3,11 @@
 #include "mori/shmem/shmem_api.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "mori/core/bootstrap.hpp"
@@ -50,8 +52,49 @@ ShmemDeviceState& Published() {
 }
 }  // namespace
 
-bool RegisterStateUploader(StateUploader uploader) {
+namespace {
+// Uploaders compiled against headers of another layout (RegisterStateUploader), with their signature (0: headers
+// older than the signature). They are never called; while one is registered, uploads fail naming it.
+struct RefusedUploader {
+  StateUploader uploader;
+  uint64_t signature;
+};
+std::vector<RefusedUploader>& Refused() {
+  static std::vector<RefusedUploader> list;
+  return list;
+}
+
+std::string RefusedMessage(const RefusedUploader& r) {
+  char text[320];
+  if (r.signature == 0) {
+    std::snprintf(text, sizeof(text),
+                  "device code compiled against mori headers older than the layout signature registered for the "
+                  "SHMEM state: rebuild it against this runtime's headers (layout signature %016llx)",
+                  static_cast<unsigned long long>(kShmemLayoutSignature));
+  } else {
+    std::snprintf(text, sizeof(text),
+                  "device code compiled against other mori headers registered for the SHMEM state (its layout "
+                  "signature %016llx, this runtime's %016llx): rebuild it against this runtime's headers",
+                  static_cast<unsigned long long>(r.signature), static_cast<unsigned long long>(kShmemLayoutSignature));
+  }
+  return text;
+}
+
+// Throws for the first refused uploader still registered. Call with RegistryMutex held.
+void CheckNoneRefused() {
+  if (Refused().empty()) return;
+  MORI_THROW(core::ErrorCode::InvalidUsage, "%s", RefusedMessage(Refused().front()).c_str());
+}
+}  // namespace
+
+bool RegisterStateUploader(StateUploader uploader, uint64_t layoutSignature) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
+  if (layoutSignature != kShmemLayoutSignature) {
+    RefusedUploader r{uploader, layoutSignature};
+    Refused().push_back(r);
+    MORI_LOG_ERROR(Shmem, "%s", RefusedMessage(r).c_str());
+    return false;
+  }
   Uploaders().push_back(uploader);
   if (Published().magic == kShmemStateMagic) {
     int rc = uploader(&Published());
@@ -60,10 +103,16 @@ bool RegisterStateUploader(StateUploader uploader) {
   return true;
 }
 
+bool RegisterStateUploader(StateUploader uploader) { return RegisterStateUploader(uploader, 0); }
+
 void UnregisterStateUploader(StateUploader uploader) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   auto& list = Uploaders();
   list.erase(std::remove(list.begin(), list.end(), uploader), list.end());
+  auto& refused = Refused();
+  refused.erase(std::remove_if(refused.begin(), refused.end(),
+                               [uploader](const RefusedUploader& r) { return r.uploader == uploader; }),
+                refused.end());
 }
 
 // Modules loaded by handle (ShmemModuleInit(module)), in the order they were added.
@@ -86,12 +135,28 @@ void UploadToHandle(void* module, const ShmemDeviceState& state) {
              "module %p holds a %zu-byte %s, this runtime's is %zu bytes: the module was built against "
              "another version of mori's headers",
              module, bytes, kShmemModuleStateSymbol, sizeof(ShmemDeviceState));
+  // The same size is not the same layout: the tables the state points to may have changed.
+  void* layout = nullptr;
+  size_t layoutBytes = 0;
+  rc = core::GpuModuleGetGlobal(&layout, &layoutBytes, module, kShmemModuleLayoutSymbol);
+  MORI_CHECK(rc == core::kGpuSuccess && layoutBytes == sizeof(uint64_t), core::ErrorCode::InvalidUsage,
+             "module %p has no layout signature %s: it was built against mori headers older than this runtime's "
+             "(layout signature %016llx); rebuild it against them",
+             module, kShmemModuleLayoutSymbol, static_cast<unsigned long long>(kShmemLayoutSignature));
+  uint64_t signature = 0;
+  MORI_CHECK_GPU(core::GpuMemcpy(&signature, layout, sizeof(signature)));
+  MORI_CHECK(signature == kShmemLayoutSignature, core::ErrorCode::InvalidUsage,
+             "module %p was built against other mori headers (its layout signature %016llx, this runtime's "
+             "%016llx): rebuild it against this runtime's headers",
+             module, static_cast<unsigned long long>(signature),
+             static_cast<unsigned long long>(kShmemLayoutSignature));
   MORI_CHECK_GPU(core::GpuMemcpy(symbol, &state, sizeof(state)));
 }
 
 // Uploads the published state to every registered module again; the first failure's code, else 0.
 int ReuploadState() {
   std::lock_guard<std::mutex> lock(RegistryMutex());
+  CheckNoneRefused();
   for (auto uploader : Uploaders()) {
     int rc = uploader(&Published());
     if (rc != 0) return rc;
@@ -120,6 +185,8 @@ bool RemoveHandleModule(void* module) {
 
 void PublishDeviceState(const ShmemDeviceState& state) {
   std::lock_guard<std::mutex> lock(detail::RegistryMutex());
+  // Only a runtime going up is refused: a finalize still clears the state everywhere it was uploaded.
+  if (state.magic == kShmemStateMagic) detail::CheckNoneRefused();
   detail::Published() = state;
   for (auto uploader : detail::Uploaders()) {
     int rc = uploader(&state);

@@ -445,6 +445,53 @@ MORI_GLOBAL void TouchKernel(uint64_t* word, uint64_t value) {
   ShmemQuietThread();
 }
 
+// Device code compiled against headers of another layout is refused. A translation unit's uploader that
+// registers with another signature, or through the older form without one, is never called, and while it is
+// registered ShmemModuleInit (which uploads to every registered unit) fails, naming both signatures; the same
+// uploader with the runtime's signature is called at once (the runtime is up) and at every upload after.
+int layoutUploads = 0;
+int CountingUploader(const ShmemDeviceState* state) {
+  ++layoutUploads;
+  return state->magic == kShmemStateMagic && state->nPes == N() ? 0 : 1;
+}
+
+std::string SignatureHex(uint64_t signature) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(signature));
+  return text;
+}
+
+TEST(ShmemTest, DeviceCodeOfAnotherLayoutIsRefused) {
+  static_assert(kShmemLayoutSignature != 0, "0 stands for no signature");
+  layoutUploads = 0;
+  const uint64_t other = kShmemLayoutSignature ^ 0x10;
+  EXPECT_FALSE(detail::RegisterStateUploader(&CountingUploader, other));
+  EXPECT_EQ(layoutUploads, 0) << "a refused uploader was called";
+  core::ClearLastError();
+  EXPECT_NE(ShmemModuleInit(), 0);
+  std::string error = core::LastError();
+  EXPECT_NE(error.find(SignatureHex(other)), std::string::npos) << error;
+  EXPECT_NE(error.find(SignatureHex(kShmemLayoutSignature)), std::string::npos) << error;
+  detail::UnregisterStateUploader(&CountingUploader);
+  EXPECT_EQ(ShmemModuleInit(), 0) << "the refused uploader is gone: " << core::LastError();
+
+  EXPECT_FALSE(detail::RegisterStateUploader(&CountingUploader));
+  core::ClearLastError();
+  EXPECT_NE(ShmemModuleInit(), 0);
+  error = core::LastError();
+  EXPECT_NE(error.find("older than the layout signature"), std::string::npos) << error;
+  detail::UnregisterStateUploader(&CountingUploader);
+  EXPECT_EQ(layoutUploads, 0);
+
+  EXPECT_TRUE(detail::RegisterStateUploader(&CountingUploader, kShmemLayoutSignature));
+  EXPECT_EQ(layoutUploads, 1) << "registered while the runtime is up: uploaded at once";
+  EXPECT_EQ(ShmemModuleInit(), 0) << core::LastError();
+  EXPECT_EQ(layoutUploads, 2);
+  detail::UnregisterStateUploader(&CountingUploader);
+  EXPECT_EQ(ShmemModuleInit(), 0);
+  EXPECT_EQ(layoutUploads, 2) << "unregistered, not called";
+}
+
 // Init and finalize 50 times: every round allocates, communicates and frees; nothing is left behind.
 // Also a heap size that differs on one PE, which every PE must refuse. Runs last: it re-initialises.
 // Modules loaded by handle (ShmemModuleInit(module)): a cubin and PTX that the driver JIT-compiles, built on
@@ -466,6 +513,8 @@ bool Launch(KernelHandle f, void** args) {
 }
 const char* const kHandleModules[] = {"shmem_handle_module_cubin.cubin", "shmem_handle_module_ptx.ptx"};
 const char* const kPlainModule = "shmem_handle_module_plain.cubin";
+const char* const kStaleModule = "shmem_handle_module_stale.cubin";
+const char* const kUnsignedModule = "shmem_handle_module_unsigned.cubin";
 #else
 using ModuleHandle = hipModule_t;
 using KernelHandle = hipFunction_t;
@@ -480,6 +529,8 @@ bool Launch(KernelHandle f, void** args) {
 }
 const char* const kHandleModules[] = {"shmem_handle_module_codeobj.hsaco"};
 const char* const kPlainModule = "shmem_handle_module_plain.hsaco";
+const char* const kStaleModule = "shmem_handle_module_stale.hsaco";
+const char* const kUnsignedModule = "shmem_handle_module_unsigned.hsaco";
 #endif
 
 // One ring round through module kernel `f`: every PE puts `bytes` of its pattern for `round` into its right
@@ -524,6 +575,23 @@ TEST(ShmemTest, ModulesLoadedByHandle) {
       << core::LastError();
   EXPECT_NE(ShmemModuleFinalize(plain), 0) << "never initialised";
   EXPECT_TRUE(UnloadModule(plain));
+
+  // A state of the right size is not enough: a module of another layout signature, or of none, takes no upload.
+  const std::string ours = SignatureHex(kShmemLayoutSignature);
+  for (const char* name : {kStaleModule, kUnsignedModule}) {
+    ModuleHandle m{};
+    ASSERT_TRUE(LoadModule(dir + "/" + name, &m)) << name;
+    core::ClearLastError();
+    EXPECT_NE(ShmemModuleInit(m), 0) << name;
+    const std::string error = core::LastError();
+    EXPECT_NE(error.find(ours), std::string::npos) << name << ": " << error;
+    const bool stale = name == kStaleModule;
+    EXPECT_NE(error.find(stale ? SignatureHex(kShmemLayoutSignature ^ 0x5a5a) : std::string("older than")),
+              std::string::npos)
+        << name << ": " << error;
+    EXPECT_NE(ShmemModuleFinalize(m), 0) << name << " was never taken";
+    EXPECT_TRUE(UnloadModule(m));
+  }
 
   std::vector<ModuleHandle> modules;
   std::vector<KernelHandle> kernels;

@@ -79,7 +79,9 @@ int ShmemSignalWaitUntilOnStream(uint64_t* sigAddr, CmpOp cmp, uint64_t value, c
 // translation units) that includes shmem_device_api.hpp registers its copy of the device state when it is
 // loaded, and ShmemInit and ShmemFinalize update it; a module loaded after ShmemInit gets the state at once.
 // ShmemModuleInit() checks that the runtime is up and that every registered module holds the current state
-// (0 when so): call it once after loading a module, before its first kernel.
+// (0 when so): call it once after loading a module, before its first kernel. A module compiled against mori
+// headers of another layout (kShmemLayoutSignature, shmem_layout.hpp) is refused when it registers and takes
+// no upload; while it is loaded, ShmemInit and ShmemModuleInit() fail, naming both signatures.
 //
 // A module loaded by handle (a CUmodule from cuModuleLoad/cuModuleLoadData of a cubin, fatbin or PTX the
 // driver JIT-compiles, a CUlibrary's module from cuLibraryGetModule, a hipModule_t) runs no host code, so it
@@ -88,7 +90,8 @@ int ShmemSignalWaitUntilOnStream(uint64_t* sigAddr, CmpOp cmp, uint64_t value, c
 // runtime uploads the state now and again at every ShmemInit and ShmemFinalize until
 // ShmemModuleFinalize(module), which must come before the module is unloaded. Calling ShmemModuleInit again
 // for the same module only uploads. Errors: the runtime is not up, the module has no such state (compiled
-// without the macro) or one of another size (another mori version), the HOST backend (no GPU modules).
+// without the macro), one of another size or another layout signature (kShmemModuleLayoutSymbol, compiled
+// against other mori headers, or none: headers older than the signature), the HOST backend (no GPU modules).
 int ShmemModuleInit(void* module = nullptr);
 // Forgets a module loaded by handle (0), or an error when it was not initialised with ShmemModuleInit.
 int ShmemModuleFinalize(void* module);

@@ -7,6 +7,7 @@
 #include "mori/core/device.hpp"
 #include "mori/core/device_assert.hpp"
 #include "mori/shmem/shmem_device_state.hpp"
+#include "mori/shmem/shmem_layout.hpp"
 #include "mori/shmem/shmem_types.hpp"
 
 #if MORI_BACKEND_CUDA && MORI_GPU_COMPILER
@@ -20,7 +21,11 @@ namespace detail {
 
 // Host side of the library (libmori_shmem).
 using StateUploader = int (*)(const ShmemDeviceState* state);
-// Remembers `uploader` and, if the runtime is already initialised, calls it at once.
+// Remembers `uploader` and, if the runtime is already initialised, calls it at once. `layoutSignature` is the
+// kShmemLayoutSignature of the headers the uploader's code was compiled against: one that differs from the
+// runtime's is refused (logged, never called) and makes ShmemInit and ShmemModuleInit fail, naming both.
+bool RegisterStateUploader(StateUploader uploader, uint64_t layoutSignature);
+// The form of headers older than the layout signature: refused in the same way, as its layout cannot be checked.
 bool RegisterStateUploader(StateUploader uploader);
 // Forgets `uploader` (a module being unloaded: its static destructors call it).
 void UnregisterStateUploader(StateUploader uploader);
@@ -41,6 +46,9 @@ MORI_HOST_DEVICE_INLINE const ShmemDeviceState& State() { return hostState; }
 // runtime uploads to it until ShmemModuleFinalize(module).
 extern "C" {
 __constant__ ShmemDeviceState mori_shmem_module_state;
+// The signature of the headers the module was compiled against, which ShmemModuleInit(module) reads and compares
+// with the runtime's before the first upload (kShmemModuleLayoutSymbol).
+__constant__ uint64_t mori_shmem_module_layout = kShmemLayoutSignature;
 }
 MORI_DEVICE_INLINE const ShmemDeviceState& State() { return mori_shmem_module_state; }
 #elif MORI_GPU_COMPILER
@@ -57,7 +65,7 @@ int UploadTuState(const ShmemDeviceState* state) {
 
 // Registered while the module is loaded: a shared library that is unloaded takes its uploader with it.
 struct TuStateRegistration {
-  TuStateRegistration() { RegisterStateUploader(&UploadTuState); }
+  TuStateRegistration() { RegisterStateUploader(&UploadTuState, kShmemLayoutSignature); }
   ~TuStateRegistration() { UnregisterStateUploader(&UploadTuState); }
 };
 [[maybe_unused]] const TuStateRegistration tuStateRegistration;
