@@ -75,6 +75,27 @@ MORI_GLOBAL void ManyThreadsOneQp(Queues* q, RdmaMemoryRegion src, RdmaMemoryReg
   if (e != 0) core::AtomicFetchAdd(errors, 1u);
 }
 
+// A queue of depth 8 signals every 4th slot. Three unsignaled writes (slots 0-2) leave the last known completion
+// 3 slots before the next reservation, the worst place for it; then one reservation of MaxSlotsAtOnce (5) slots,
+// which must find room from what is already known, five writes in it under one doorbell, and a quiet.
+MORI_GLOBAL void WorstPlacedReservation(Queues* q, RdmaMemoryRegion src, RdmaMemoryRegion dst, uint32_t* out) {
+  WorkQueueHandle& wq = q->wq;
+  for (uint32_t i = 0; i < 3; ++i) {
+    PostWriteOrdered<kMlx5>(wq, q->cq, src.addr + i * 8, src.lkey, dst.addr + i * 8, dst.rkey, 8, false, kTimeoutNs);
+  }
+  const uint32_t n = MaxSlotsAtOnce(wq);
+  const uint32_t first = ReserveSendSlots<kMlx5>(wq, q->cq, n, kTimeoutNs);
+  uint64_t dbr = 0;
+  for (uint32_t slot = first; slot < first + n; ++slot) {
+    dbr = PostWrite<kMlx5>(wq, slot, SignalNeeded(wq, slot, false), wq.qpn, src.addr + slot * 8, src.lkey,
+                           dst.addr + slot * 8, dst.rkey, 8);
+  }
+  RingDoorbellOrdered<kMlx5>(wq, first, n, dbr, kTimeoutNs);
+  out[0] = first;
+  out[1] = n;
+  out[2] = QuietQueue<kMlx5>(wq, q->cq, kTimeoutNs);
+}
+
 // The API.md loop: post, record, ring, poll until the completion comes, record the CQ.
 struct OpResult {
   int status;
@@ -159,6 +180,10 @@ class EmulatedNic : public ::testing::Test {
     b_ = ports[0].first->CreateRdmaDeviceContext();
     queues_ = GpuBuffer(2 * sizeof(Queues), MemoryType::HostPinned);
   }
+
+  // Threads of `grid` x `block` post `rounds` rounds of ordered writes to one QP whose send queue has `depth`
+  // slots, then quiet; each thread's destination word must end with its last round's value.
+  void ManyThreadsOnOneQp(uint32_t depth, Dim3 grid, Dim3 block, uint32_t rounds);
 
   // Endpoints on NIC a and NIC b, connected to each other; their handles go to pinned memory.
   void Connect(RdmaEndpointConfig config = RdmaEndpointConfig()) {
@@ -503,16 +528,54 @@ INSTANTIATE_TEST_SUITE_P(Depths, EmulatedNicDepth, ::testing::Values(1u, 2u, 3u,
                          [](const testing::TestParamInfo<uint32_t>& p) { return "depth" + std::to_string(p.param); });
 
 TEST_F(EmulatedNic, ManyThreadsPostToOneQueuePair) {
-  RdmaEndpointConfig config;
-  config.maxMsgsNum = 64;  // far fewer slots than threads x rounds: reservation and flow control both work
-  Connect(config);
+  // Far fewer slots than threads x rounds: reservation and flow control both work.
 #if MORI_BACKEND_HOST
-  const Dim3 grid(2), block(16);
-  const uint32_t rounds = 50;
+  ManyThreadsOnOneQp(64, Dim3(2), Dim3(16), 50);
 #else
-  const Dim3 grid(8), block(64);
-  const uint32_t rounds = 20;
+  ManyThreadsOnOneQp(64, Dim3(8), Dim3(64), 20);
 #endif
+}
+
+// A queue shallower than a warp: the lanes of one warp wait for room that completions of their own warp's WQEs
+// make, and for doorbells that lanes of their own warp ring (PostOrdered does both in one loop).
+TEST_F(EmulatedNic, ManyThreadsPostToAQueueShallowerThanAWarp) {
+#if MORI_BACKEND_HOST
+  ManyThreadsOnOneQp(4, Dim3(1), Dim3(16), 20);
+#else
+  ManyThreadsOnOneQp(8, Dim3(2), Dim3(64), 10);
+#endif
+}
+
+TEST_F(EmulatedNic, AReservationOfTheMostSlotsAtOnceFindsRoomWhereverItFalls) {
+  RdmaEndpointConfig config;
+  config.maxMsgsNum = 8;
+  Connect(config);
+  constexpr uint32_t kWords = 8;
+  GpuBuffer& src = Alloc(kWords * 8);
+  GpuBuffer& dst = Alloc(kWords * 8 + 64);
+  std::vector<uint64_t> values(kWords);
+  for (uint32_t i = 0; i < kWords; ++i) values[i] = 0xab0000000000ull + i * 0x10001ull;
+  ASSERT_EQ(core::GpuMemcpy(src.Data(), values.data(), src.Bytes()), core::kGpuSuccess);
+  Fill(dst, 7, 70);
+  RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
+  RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
+  GpuBuffer& out = Alloc(3 * sizeof(uint32_t), MemoryType::HostPinned);
+  core::LaunchKernel(WorstPlacedReservation, Dim3(1), Dim3(1), 0, nullptr, QA(), srcMr, dstMr, out.DataAs<uint32_t>());
+  ASSERT_EQ(core::GpuDeviceSynchronize(), core::kGpuSuccess);
+  const uint32_t* o = out.DataAs<uint32_t>();
+  EXPECT_EQ(o[0], 3u) << "the reservation starts 3 slots after the last signaled one";
+  EXPECT_EQ(o[1], 5u);
+  EXPECT_EQ(o[2], 0u) << "error completions";
+  std::vector<uint64_t> got(kWords);
+  ASSERT_EQ(core::GpuMemcpy(got.data(), dst.Data(), kWords * 8), core::kGpuSuccess);
+  for (uint32_t i = 0; i < kWords; ++i) EXPECT_EQ(got[i], values[i]) << "word " << i;
+  EXPECT_EQ(Mismatch(dst, kWords * 8, 64, 7, 70, kWords * 8), 64u) << "bytes past the written words";
+}
+
+void EmulatedNic::ManyThreadsOnOneQp(uint32_t depth, Dim3 grid, Dim3 block, uint32_t rounds) {
+  RdmaEndpointConfig config;
+  config.maxMsgsNum = depth;
+  Connect(config);
   const uint32_t threads = grid.x * block.x;
   GpuBuffer& src = Alloc(size_t(threads) * rounds * 8);
   GpuBuffer& dst = Alloc(threads * 8);

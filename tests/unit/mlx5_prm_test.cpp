@@ -275,6 +275,39 @@ TEST(Mlx5Wqe, WaitsThatTimeOutNameThePeerRank) {
             std::string::npos)
       << log;
   EXPECT_EQ(order.uar, 0u) << "the doorbell rang out of order";
+  // The ordered posts (here the quiet's NOP) wait for room and for their turn in one loop, with the same words.
+  FakeQueues fullPost(4);
+  SetPeerRank(fullPost.wq, 3);
+  fullPost.wq.postIdx = 4;
+  fullPost.cqh.pollLock = 1;
+  log = trapText([&] { QuietQueue<kMlx5>(fullPost.wq, fullPost.cqh, kTimeoutNs); });
+  EXPECT_NE(log.find("qp 4660 (to rank 3): no room in the send queue for 50000000 ns (slot 4, 0 completed, depth 4)"),
+            std::string::npos)
+      << log;
+  FakeQueues turn(8);
+  SetPeerRank(turn.wq, 1);
+  turn.wq.postIdx = 3;  // slots 0-2 reserved by posters that never announce them
+  log = trapText([&] { QuietQueue<kMlx5>(turn.wq, turn.cqh, kTimeoutNs); });
+  EXPECT_NE(log.find("qp 4660 (to rank 1): slot 3 waited 50000000 ns for earlier slots' doorbells (at 0)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(turn.uar, 0u) << "the doorbell rang out of order";
+  EXPECT_EQ(turn.wq.dbTouchIdx, 0u);
+  // A reservation larger than any queue of its depth can always make room for traps at once, naming the limit:
+  // depth 8 signals every 4th slot, so the last known completion can lie 3 slots before a reservation, and 5 is
+  // the most that always fits.
+  EXPECT_EQ(MaxSlotsAtOnce(FakeQueues(1).wq), 1u);
+  EXPECT_EQ(MaxSlotsAtOnce(FakeQueues(2).wq), 2u);
+  EXPECT_EQ(MaxSlotsAtOnce(FakeQueues(8).wq), 5u);
+  EXPECT_EQ(MaxSlotsAtOnce(FakeQueues(64).wq), 33u);
+  FakeQueues big(8);
+  SetPeerRank(big.wq, 4);
+  log = trapText([&] { ReserveSendSlots<kMlx5>(big.wq, big.cqh, 6, kTimeoutNs); });
+  EXPECT_NE(log.find("qp 4660 (to rank 4): a thread reserves 6 send slots at once, more than a queue of depth 8 can "
+                     "always make room for (5): post in turns of at most 5"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(big.wq.postIdx, 0u) << "the refused reservation took no slot";
   // Unnamed: the message says so rather than naming rank 0.
   FakeQueues unnamed(4);
   unnamed.wq.postIdx = 4;

@@ -5,8 +5,9 @@
 //     ...)): raw building blocks for one posting thread that keeps at most sqWqeNum WQEs outstanding;
 //   - ordered forms (Post*Ordered, QuietQueue): any number of threads may post to one QP at once; each
 //     reserves a slot, waits (bounded) while the send queue is full, retiring completions itself, and
-//     doorbells are rung in slot order. Their waits assume threads of one warp progress independently
-//     (NVIDIA since Volta, HOST); on AMD GPUs let one lane per wavefront post for the others.
+//     doorbells are rung in slot order. One loop does the three steps (PostOrdered), so that they also
+//     progress where the lanes of a warp run in lockstep (AMD wavefronts); the group forms
+//     (ReserveSendSlotsForGroup) wait in one lane only.
 #pragma once
 
 #include <cstddef>
@@ -216,21 +217,70 @@ MORI_HOST_DEVICE_INLINE uint32_t RetireCompletions(CompletionQueueHandle& cq, Wo
   return retired;
 }
 
+// An unsignaled WQE completes only through a later signaled one; so that a full queue can always drain,
+// ordered posting signals the last slot of every half-queue whatever the caller asked.
+MORI_HOST_DEVICE_INLINE uint32_t HalfQueue(const WorkQueueHandle& wq) { return wq.sqWqeNum > 1 ? wq.sqWqeNum / 2 : 1; }
+MORI_HOST_DEVICE_INLINE bool SignalNeeded(const WorkQueueHandle& wq, uint32_t slot, bool signal) {
+  const uint32_t half = HalfQueue(wq);
+  return signal || (slot & (half - 1)) == half - 1;
+}
+
+// The most slots one reservation may take at once. The room for slots [first, first + n) comes only from
+// completions of slots before `first`, and those are known only up to the last signaled one, which can lie up to
+// half a queue - 1 before `first` (the slots after it complete through a signaled slot of the reservation
+// itself). So n <= depth - (half - 1) always finds room; a larger reservation could wait for itself.
+MORI_HOST_DEVICE_INLINE uint32_t MaxSlotsAtOnce(const WorkQueueHandle& wq) { return wq.sqWqeNum - HalfQueue(wq) + 1; }
+
+MORI_HOST_DEVICE_INLINE void CheckReservation(const WorkQueueHandle& wq, uint32_t n, const char* who) {
+  MORI_DEVICE_ASSERT(n <= MaxSlotsAtOnce(wq),
+                     "qp %u (to rank %d): %s reserves %u send slots at once, more than a queue of depth %u can "
+                     "always make room for (%u): post in turns of at most %u",
+                     wq.qpn, PeerRank(wq), who, n, wq.sqWqeNum, MaxSlotsAtOnce(wq), MaxSlotsAtOnce(wq));
+}
+
+namespace ordered_detail {
+
+// Whether the send queue has room for slots [slot, slot + n).
+MORI_HOST_DEVICE_INLINE bool HasRoom(const WorkQueueHandle& wq, uint32_t slot, uint32_t n) {
+  return slot + n - core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::Device>(&wq.doneIdx) <= wq.sqWqeNum;
+}
+
+// The traps of the ordered waits, naming the QP, the rank at its other end and the indices (`expired`: the wait's
+// deadline passed).
+MORI_HOST_DEVICE_INLINE void CheckRoomWait(bool expired, const WorkQueueHandle& wq, uint32_t slot, uint64_t timeoutNs) {
+  MORI_DEVICE_ASSERT(!expired,
+                     "qp %u (to rank %d): no room in the send queue for %llu ns (slot %u, %u completed, depth %u): "
+                     "completions stopped coming (rank %d gone? link down?)",
+                     wq.qpn, PeerRank(wq), static_cast<unsigned long long>(timeoutNs), slot,
+                     core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::Device>(&wq.doneIdx), wq.sqWqeNum,
+                     PeerRank(wq));
+}
+MORI_HOST_DEVICE_INLINE void CheckOrderWait(bool expired, const WorkQueueHandle& wq, uint32_t slot,
+                                            uint64_t timeoutNs) {
+  MORI_DEVICE_ASSERT(!expired, "qp %u (to rank %d): slot %u waited %llu ns for earlier slots' doorbells (at %u)",
+                     wq.qpn, PeerRank(wq), slot, static_cast<unsigned long long>(timeoutNs),
+                     core::AtomicLoad<core::MemoryOrder::Relaxed, core::Scope::Device>(&wq.dbTouchIdx));
+}
+
+// Announces slots [slot, slot + n), whose turn it is (every earlier slot is announced).
+template <ProviderType P>
+MORI_HOST_DEVICE_INLINE void Announce(WorkQueueHandle& wq, uint32_t slot, uint32_t n, uint64_t dbrVal) {
+  UpdateSendDbrRecord<P>(wq.dbrRecAddr, slot + n);
+  RingDoorbell<P>(wq.dbrAddr, dbrVal);
+  core::AtomicStore<core::MemoryOrder::Release, core::Scope::Device>(&wq.dbTouchIdx, slot + n);
+}
+
+}  // namespace ordered_detail
+
 // Waits while the send queue has no room for slots [slot, slot + n), retiring completions. Traps, naming the QP
 // and the indices, when `timeoutNs` passes first. Returns false only when a stop ended the wait (OnStop::Report).
 template <ProviderType P>
 MORI_HOST_DEVICE_INLINE bool WaitForSendRoom(WorkQueueHandle& wq, CompletionQueueHandle& cq, uint32_t slot, uint32_t n,
                                              uint64_t timeoutNs, core::OnStop onStop) {
-  using core::MemoryOrder;
-  using core::Scope;
   core::SpinDeadline deadline(timeoutNs, wq.stop, onStop);
-  while (slot + n - core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.doneIdx) > wq.sqWqeNum) {
+  while (!ordered_detail::HasRoom(wq, slot, n)) {
     RetireCompletions<P>(cq, wq);
-    MORI_DEVICE_ASSERT(!deadline.Expired(),
-                       "qp %u (to rank %d): no room in the send queue for %llu ns (slot %u, %u completed, depth %u): "
-                       "completions stopped coming (rank %d gone? link down?)",
-                       wq.qpn, PeerRank(wq), static_cast<unsigned long long>(timeoutNs), slot,
-                       core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&wq.doneIdx), wq.sqWqeNum, PeerRank(wq));
+    ordered_detail::CheckRoomWait(deadline.Expired(), wq, slot, timeoutNs);
     if (deadline.Stopped()) return false;
     core::SpinPause();
   }
@@ -241,6 +291,7 @@ MORI_HOST_DEVICE_INLINE bool WaitForSendRoom(WorkQueueHandle& wq, CompletionQueu
 template <ProviderType P>
 MORI_HOST_DEVICE_INLINE uint32_t ReserveSendSlots(WorkQueueHandle& wq, CompletionQueueHandle& cq, uint32_t n,
                                                   uint64_t timeoutNs) {
+  CheckReservation(wq, n, "a thread");
   uint32_t slot = core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(&wq.postIdx, n);
   WaitForSendRoom<P>(wq, cq, slot, n, timeoutNs, core::OnStop::Leave);
   return slot;
@@ -251,75 +302,90 @@ MORI_HOST_DEVICE_INLINE uint32_t ReserveSendSlots(WorkQueueHandle& wq, Completio
 template <ProviderType P>
 MORI_HOST_DEVICE_INLINE void RingDoorbellOrdered(WorkQueueHandle& wq, uint32_t slot, uint32_t n, uint64_t dbrVal,
                                                  uint64_t timeoutNs) {
-  using core::MemoryOrder;
-  using core::Scope;
   core::SpinDeadline deadline(timeoutNs, wq.stop);
-  while (core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.dbTouchIdx) != slot) {
-    MORI_DEVICE_ASSERT(!deadline.Expired(),
-                       "qp %u (to rank %d): slot %u waited %llu ns for earlier slots' doorbells (at %u)", wq.qpn,
-                       PeerRank(wq), slot, static_cast<unsigned long long>(timeoutNs),
-                       core::AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(&wq.dbTouchIdx));
+  while (core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::Device>(&wq.dbTouchIdx) != slot) {
+    ordered_detail::CheckOrderWait(deadline.Expired(), wq, slot, timeoutNs);
     core::SpinPause();
   }
-  UpdateSendDbrRecord<P>(wq.dbrRecAddr, slot + n);
-  RingDoorbell<P>(wq.dbrAddr, dbrVal);
-  core::AtomicStore<MemoryOrder::Release, Scope::Device>(&wq.dbTouchIdx, slot + n);
+  ordered_detail::Announce<P>(wq, slot, n, dbrVal);
 }
 
-// An unsignaled WQE completes only through a later signaled one; so that a full queue can always drain,
-// ordered posting signals the last slot of every half-queue whatever the caller asked.
-MORI_HOST_DEVICE_INLINE bool SignalNeeded(const WorkQueueHandle& wq, uint32_t slot, bool signal) {
-  uint32_t half = wq.sqWqeNum > 1 ? wq.sqWqeNum / 2 : 1;
-  return signal || (slot & (half - 1)) == half - 1;
+// One WQE posted in slot order: reserves a slot, waits for room, has `write(slot)` build the WQE (it returns
+// the doorbell value) and announces it once every earlier slot is announced. The three steps share one loop,
+// and a thread that can take its next step takes it inside the loop: where the lanes of a warp run in lockstep
+// (AMD wavefronts), a lane that leaves a wait is held at the loop's end until the other lanes leave it too, so
+// a lane with room that waited there would never announce the slot that a later lane of its own warp waits
+// for (slot order), nor complete the WQE whose completion makes room for it. Traps as WaitForSendRoom and
+// RingDoorbellOrdered do.
+template <ProviderType P, typename Write>
+MORI_HOST_DEVICE_INLINE uint32_t PostOrdered(WorkQueueHandle& wq, CompletionQueueHandle& cq, uint64_t timeoutNs,
+                                             Write write) {
+  const uint32_t slot = core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(&wq.postIdx, 1u);
+  core::SpinDeadline deadline(timeoutNs, wq.stop);
+  bool written = false;
+  uint64_t dbrVal = 0;
+  for (;;) {
+    if (!written && ordered_detail::HasRoom(wq, slot, 1)) {
+      dbrVal = write(slot);
+      written = true;
+    }
+    if (written && core::AtomicLoad<core::MemoryOrder::Acquire, core::Scope::Device>(&wq.dbTouchIdx) == slot) {
+      ordered_detail::Announce<P>(wq, slot, 1, dbrVal);
+      return slot;
+    }
+    if (!written) RetireCompletions<P>(cq, wq);
+    const bool expired = deadline.Expired();
+    if (written) {
+      ordered_detail::CheckOrderWait(expired, wq, slot, timeoutNs);
+    } else {
+      ordered_detail::CheckRoomWait(expired, wq, slot, timeoutNs);
+    }
+    core::SpinPause();
+  }
 }
 
 template <ProviderType P>
 MORI_HOST_DEVICE_INLINE uint32_t PostWriteOrdered(WorkQueueHandle& wq, CompletionQueueHandle& cq, uintptr_t laddr,
                                                   uint32_t lkey, uintptr_t raddr, uint32_t rkey, size_t bytes,
                                                   bool signal, uint64_t timeoutNs) {
-  uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
-  uint64_t dbr = PostWrite<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, raddr, rkey, bytes);
-  RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
-  return slot;
+  return PostOrdered<P>(wq, cq, timeoutNs, [&](uint32_t slot) {
+    return PostWrite<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, raddr, rkey, bytes);
+  });
 }
 
 template <ProviderType P>
 MORI_HOST_DEVICE_INLINE uint32_t PostReadOrdered(WorkQueueHandle& wq, CompletionQueueHandle& cq, uintptr_t laddr,
                                                  uint32_t lkey, uintptr_t raddr, uint32_t rkey, size_t bytes,
                                                  bool signal, uint64_t timeoutNs) {
-  uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
-  uint64_t dbr = PostRead<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, raddr, rkey, bytes);
-  RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
-  return slot;
+  return PostOrdered<P>(wq, cq, timeoutNs, [&](uint32_t slot) {
+    return PostRead<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, raddr, rkey, bytes);
+  });
 }
 
 template <ProviderType P>
 MORI_HOST_DEVICE_INLINE uint32_t PostWriteInlineOrdered(WorkQueueHandle& wq, CompletionQueueHandle& cq, const void* val,
                                                         uintptr_t raddr, uint32_t rkey, size_t bytes, bool signal,
                                                         uint64_t timeoutNs) {
-  uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
-  uint64_t dbr = PostWriteInline<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, val, raddr, rkey, bytes);
-  RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
-  return slot;
+  return PostOrdered<P>(wq, cq, timeoutNs, [&](uint32_t slot) {
+    return PostWriteInline<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, val, raddr, rkey, bytes);
+  });
 }
 
 template <ProviderType P, typename T>
 MORI_HOST_DEVICE_INLINE uint32_t PostAtomicOrdered(WorkQueueHandle& wq, CompletionQueueHandle& cq, uintptr_t laddr,
                                                    uint32_t lkey, uintptr_t raddr, uint32_t rkey, T val1, T val2,
                                                    AtomicOp op, bool signal, uint64_t timeoutNs) {
-  uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
-  uint64_t dbr = PostAtomic<P, T>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, raddr, rkey, val1, val2, op);
-  RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
-  return slot;
+  return PostOrdered<P>(wq, cq, timeoutNs, [&](uint32_t slot) {
+    return PostAtomic<P, T>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, raddr, rkey, val1, val2, op);
+  });
 }
 
 template <ProviderType P>
 MORI_HOST_DEVICE_INLINE uint32_t PostSendOrdered(WorkQueueHandle& wq, CompletionQueueHandle& cq, uintptr_t laddr,
                                                  uint32_t lkey, size_t bytes, bool signal, uint64_t timeoutNs) {
-  uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
-  uint64_t dbr = PostSend<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, bytes);
-  RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
-  return slot;
+  return PostOrdered<P>(wq, cq, timeoutNs, [&](uint32_t slot) {
+    return PostSend<P>(wq, slot, SignalNeeded(wq, slot, signal), wq.qpn, laddr, lkey, bytes);
+  });
 }
 
 // ---- Warp-aggregated posting ----
@@ -340,6 +406,7 @@ MORI_DEVICE_INLINE GroupSlots ReserveSendSlotsForGroup(WorkQueueHandle& wq, Comp
                                                        core::LaneMask group, uint64_t timeoutNs) {
   const unsigned leader = core::LowestLane(group);
   GroupSlots g{group, 0, core::LaneCount(group), 0};
+  CheckReservation(wq, g.count, "a group of lanes");  // the group's slots are reserved together
   uint32_t room = 1;
   if (core::LaneId() == leader) {
     g.first = core::AtomicFetchAdd<core::MemoryOrder::Relaxed, core::Scope::Device>(&wq.postIdx, g.count);
@@ -371,9 +438,7 @@ template <ProviderType P>
 MORI_HOST_DEVICE_INLINE uint32_t QuietQueue(WorkQueueHandle& wq, CompletionQueueHandle& cq, uint64_t timeoutNs) {
   using core::MemoryOrder;
   using core::Scope;
-  uint32_t slot = ReserveSendSlots<P>(wq, cq, 1, timeoutNs);
-  uint64_t dbr = PostNop<P>(wq, slot, true, wq.qpn);
-  RingDoorbellOrdered<P>(wq, slot, 1, dbr, timeoutNs);
+  const uint32_t slot = PostOrdered<P>(wq, cq, timeoutNs, [&](uint32_t s) { return PostNop<P>(wq, s, true, wq.qpn); });
   core::SpinDeadline deadline(timeoutNs, wq.stop);
   while (static_cast<int32_t>(core::AtomicLoad<MemoryOrder::Acquire, Scope::Device>(&wq.doneIdx) - (slot + 1)) < 0) {
     RetireCompletions<P>(cq, wq);

@@ -327,14 +327,25 @@ MORI_DEVICE_INLINE void RdmaPutAggregated(const ShmemDeviceState& s, const char*
     RdmaPut(s, op, pe, offset, src, bytes, false);  // traps naming the source when it cannot go inline
     return;
   }
-  const rdma::GroupSlots g = rdma::ReserveSendSlotsForGroup<kProvider>(qp.wq, qp.cq, group, s.timeoutNs);
-  const uintptr_t raddr = s.remoteBases[pe] + offset;
-  const bool signal = rdma::SignalNeeded(qp.wq, g.slot, false);
-  const uint64_t dbr =
-      inlined ? rdma::PostWriteInline<kProvider>(qp.wq, g.slot, signal, qp.wq.qpn, src, raddr, s.rkeys[pe], bytes)
-              : rdma::PostWrite<kProvider>(qp.wq, g.slot, signal, qp.wq.qpn, reinterpret_cast<uintptr_t>(src), lkey,
-                                           raddr, s.rkeys[pe], bytes);
-  rdma::RingDoorbellForGroup<kProvider>(qp.wq, g, dbr, s.timeoutNs);
+  // A queue too shallow for the whole group at once (MORI_SHMEM_QUEUE_DEPTH below about two warps' width) takes it
+  // in turns of at most rdma::MaxSlotsAtOnce lanes, one turn after the other: each turn's WQEs are announced
+  // before the next turn waits for room. Every lane of the group runs every turn, so lanes in lockstep (AMD) do
+  // not wait for each other.
+  const uint32_t perTurn = rdma::MaxSlotsAtOnce(qp.wq);
+  const uint32_t rank = core::LaneCount(group & core::LanesBelow());
+  const uint32_t turns = (core::LaneCount(group) + perTurn - 1) / perTurn;
+  for (uint32_t turn = 0; turn < turns; ++turn) {
+    const core::LaneMask part = turns == 1 ? group : core::Ballot(group, rank / perTurn == turn);
+    if (rank / perTurn != turn) continue;
+    const rdma::GroupSlots g = rdma::ReserveSendSlotsForGroup<kProvider>(qp.wq, qp.cq, part, s.timeoutNs);
+    const uintptr_t raddr = s.remoteBases[pe] + offset;
+    const bool signal = rdma::SignalNeeded(qp.wq, g.slot, false);
+    const uint64_t dbr =
+        inlined ? rdma::PostWriteInline<kProvider>(qp.wq, g.slot, signal, qp.wq.qpn, src, raddr, s.rkeys[pe], bytes)
+                : rdma::PostWrite<kProvider>(qp.wq, g.slot, signal, qp.wq.qpn, reinterpret_cast<uintptr_t>(src), lkey,
+                                             raddr, s.rkeys[pe], bytes);
+    rdma::RingDoorbellForGroup<kProvider>(qp.wq, g, dbr, s.timeoutNs);
+  }
 }
 
 // RDMA read of `bytes` from `offset` in pe's heap into local [dst, dst + bytes) (heap or registered).
