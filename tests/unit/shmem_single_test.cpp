@@ -918,7 +918,7 @@ TEST_F(ShmemSingleTest, AGroupWhoseLeaderIsStoppedLeavesWithIt) {
   auto* w = word.DataAs<uint64_t>();
   const uint32_t* stop = core::DeviceStopWord();
 
-  setQueues(64, 64);  // deeper than a warp (a group posting more than the queue holds traps at once)
+  setQueues(64, 64);  // room for a warp's group (a group above MaxSlotsAtOnce, 33 here, traps at once)
   ExpectStoppedGroupLeaves("the send-slot reservation", m, st, [&] {
     core::LaunchKernel(GroupReserveKernel, Dim3(1), Dim3(kGroupThreads), 0, nullptr, wq, cq, m, st);
   });
