@@ -34,6 +34,7 @@ struct PeInfo {
   int32_t transportChoice;  // index into kTransportChoices
   uint32_t qpsPerPe;
   uint32_t gpuPosts;  // 1: this PE's NIC lets the GPU post (IBGDA: a real mlx5 through DirectVerbs, or emulated)
+  uint32_t refused;   // 1: device code of another layout is registered here (detail::RefusedUploaderError)
 };
 
 const char* const kTransportChoices[] = {"auto", "p2p", "rdma", "proxy"};
@@ -127,11 +128,24 @@ Runtime::Runtime(std::shared_ptr<core::Bootstrap> bootstrap)
   if (choice == "auto" && !everyPeHere) {
     gpuPosts = rdma::RdmaBackendFromEnvironment() != rdma::RdmaBackendType::IBVerbs ? 1u : 0u;
   }
-  PeInfo mine{heapBytes_, reinterpret_cast<uintptr_t>(heap_.Data()), device, TransportChoiceIndex(choice), qpsPerPe_,
-              gpuPosts};
+  // Device code of another layout makes this PE fail where it publishes the state; told here, every PE fails
+  // with it instead of waiting at the next collective step for one that left.
+  const std::string refused = detail::RefusedUploaderError();
+  PeInfo mine{heapBytes_,
+              reinterpret_cast<uintptr_t>(heap_.Data()),
+              device,
+              TransportChoiceIndex(choice),
+              qpsPerPe_,
+              gpuPosts,
+              refused.empty() ? 0u : 1u};
   auto all = bootstrap_->AllGatherValue(mine);
+  MORI_CHECK(refused.empty(), ErrorCode::InvalidUsage, "PE %d: %s", rank_, refused.c_str());
   for (int pe = 0; pe < nPes_; ++pe) {
     const PeInfo& p = all[static_cast<size_t>(pe)];
+    MORI_CHECK(p.refused == 0, ErrorCode::InvalidUsage,
+               "PE %d cannot take the SHMEM state: device code compiled against other mori headers is registered "
+               "there (its log names the layouts), so no PE goes up",
+               pe);
     MORI_CHECK(p.heapBytes == mine.heapBytes, ErrorCode::InvalidUsage,
                "the symmetric heap must be the same size on every PE: PE %d has MORI_SHMEM_HEAP_SIZE=%llu, PE %d "
                "has %llu",

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "mori/core/bootstrap.hpp"
@@ -133,5 +134,10 @@ class Runtime {
 
 // Installs `state` for kernels: the library's own copy (HOST) and every registered translation unit (GPU).
 void PublishDeviceState(const ShmemDeviceState& state);
+
+namespace detail {
+// Why this process's device code cannot take the state (an uploader of another layout is registered), or "".
+std::string RefusedUploaderError();
+}  // namespace detail
 
 }  // namespace mori::shmem

@@ -87,6 +87,11 @@ void CheckNoneRefused() {
 }
 }  // namespace
 
+std::string RefusedUploaderError() {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  return Refused().empty() ? std::string() : RefusedMessage(Refused().front());
+}
+
 bool RegisterStateUploader(StateUploader uploader, uint64_t layoutSignature) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   if (layoutSignature != kShmemLayoutSignature) {

@@ -690,6 +690,26 @@ TEST(ShmemTest, ZzInitFinalizeLoopLeaksNothingAndHeapSizesMustAgree) {
       setenv("MORI_SHMEM_HEAP_SIZE", saved.c_str(), 1);
     }
     MPI_Barrier(MPI_COMM_WORLD);
+
+    // Device code of another layout registered on the last PE only: every PE refuses, the last naming the
+    // layouts, the others naming it (before, they waited at a bootstrap barrier for it until the timeout and
+    // failed naming that).
+    const int odd = N() - 1;
+    if (Me() == odd) {
+      EXPECT_FALSE(detail::RegisterStateUploader(&CountingUploader, kShmemLayoutSignature ^ 0x20));
+    }
+    layoutUploads = 0;
+    core::ClearLastError();
+    EXPECT_NE(ShmemInit(), 0) << "device code of another layout on PE " << odd << " must be refused on every PE";
+    std::string error = core::LastError();
+    if (Me() == odd) {
+      EXPECT_NE(error.find(SignatureHex(kShmemLayoutSignature ^ 0x20)), std::string::npos) << error;
+      detail::UnregisterStateUploader(&CountingUploader);
+    } else {
+      EXPECT_NE(error.find("PE " + std::to_string(odd) + " cannot take the SHMEM state"), std::string::npos) << error;
+    }
+    EXPECT_EQ(layoutUploads, 0) << "a refused uploader was called";
+    MPI_Barrier(MPI_COMM_WORLD);
   }
   ASSERT_EQ(ShmemInit(), 0);
 }
