@@ -17,11 +17,31 @@
 namespace mori::shmem {
 namespace detail {
 
+// The out-of-line parts of the transfers and of quiet, which bandwidth loops call on every iteration and after
+// the last, are called through their address passed through an empty asm statement that the compiler cannot
+// see through. Called directly, ptxas fits the caller's registers around what the callee clobbers, so the
+// spills of the inline P2P path depended on the RDMA posting code: 4a05ef8 changed only that code and moved
+// spills into the put loop of a 1,024-thread kernel (put_bw block 14-24% slower from 1 KiB to 2 MiB on an
+// H200). Called through the address, the loop kept its registers again (docs/PERF.md, 2026-11-29, night). It
+// costs device code (+49% in a test object of many kernels; why ptxas needs that much more is not known yet),
+// so the other out-of-line parts (signals, atomics, single values) are still called directly. HIP and HOST
+// call directly (HIP at -O0 would keep the call indirect).
+#if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE
+template <typename F>
+MORI_DEVICE_INLINE F OutOfLine(F f) {
+  asm volatile("" : "+l"(f));
+  return f;
+}
+#define MORI_SHMEM_OUT_OF_LINE(...) (::mori::shmem::detail::OutOfLine(&__VA_ARGS__))
+#else
+#define MORI_SHMEM_OUT_OF_LINE(...) __VA_ARGS__
+#endif
+
 // Each call below has two parts: an inline hot path for PEs reached by loads and stores (Self, P2P: the
 // checks, one cached load of the mapped base, the copy, the signal) and an out-of-line part for the RDMA
 // and Proxy transports. A kernel that only talks over P2P thus carries neither their code nor their register
 // pressure in its loops; one that uses them pays a call per operation, small beside posting a WQE or a
-// request.
+// request (the transfers and quiet: MORI_SHMEM_OUT_OF_LINE above; see there for the others).
 
 // Set or add `value` at `offset` in pe's heap, ordered after this thread's earlier puts to pe (and, after a
 // group barrier, after the group's: a system-scope release is cumulative).
@@ -113,7 +133,7 @@ MORI_DEVICE_INLINE void Transfer(const char* op, void* dst, const void* src, siz
     }
     return;
   }
-  TransferRemote<G, D>(op, dst, src, bytes, pe, offset, wait);
+  MORI_SHMEM_OUT_OF_LINE(TransferRemote<G, D>)(op, dst, src, bytes, pe, offset, wait);
 }
 
 // The RDMA and Proxy part of PutSignalNbi.
@@ -459,7 +479,7 @@ MORI_DEVICE_NOINLINE void QuietRemote() {
 MORI_DEVICE_INLINE void ShmemQuietThread() {
   const ShmemDeviceState& s = detail::Checked("ShmemQuietThread");
   detail::SystemFence();
-  if (MORI_UNLIKELY(s.queues != nullptr || detail::ViaProxy(s))) detail::QuietRemote();
+  if (MORI_UNLIKELY(s.queues != nullptr || detail::ViaProxy(s))) MORI_SHMEM_OUT_OF_LINE(detail::QuietRemote)();
 }
 
 MORI_DEVICE_INLINE void ShmemQuietThread(int pe) {
