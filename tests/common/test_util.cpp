@@ -15,6 +15,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <thread>
 
@@ -47,6 +48,43 @@ std::string ProcessOutcome::Describe() const {
   return buf;
 }
 
+namespace {
+
+// Whether every thread of this process but the caller is asleep (state S), from /proc/self/task/*/stat.
+bool OtherThreadsSleep() {
+  const long self = syscall(SYS_gettid);
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return true;  // nothing to learn: fork as before
+  bool asleep = true;
+  while (dirent* entry = readdir(dir)) {
+    char* end = nullptr;
+    const long tid = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || tid == self) continue;
+    std::ifstream stat(std::string("/proc/self/task/") + entry->d_name + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t paren = text.rfind(')');  // the state follows the name, which may hold anything
+    if (paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] != 'S') {
+      asleep = false;
+      break;
+    }
+  }
+  closedir(dir);
+  return asleep;
+}
+
+}  // namespace
+
+pid_t ForkWhenOtherThreadsSleep() {
+  const auto giveUp = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (int quiet = 0; quiet < 2 && std::chrono::steady_clock::now() < giveUp;) {
+    quiet = OtherThreadsSleep() ? quiet + 1 : 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  return fork();
+}
+
 std::vector<ProcessOutcome> RunProcesses(int n, const std::function<int(int rank)>& body, double timeoutSeconds) {
   std::fflush(stdout);
   std::fflush(stderr);
@@ -54,7 +92,7 @@ std::vector<ProcessOutcome> RunProcesses(int n, const std::function<int(int rank
   std::vector<ProcessOutcome> out(static_cast<size_t>(n));
   for (int r = 0; r < n; ++r) {
     out[static_cast<size_t>(r)].rank = r;
-    pid_t pid = fork();
+    pid_t pid = ForkWhenOtherThreadsSleep();
     if (pid == 0) {
       int code = 1;
       try {

@@ -2,6 +2,8 @@
 // N processes by fork() and reports, per rank, how each ended (with a bound on the whole run).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -32,6 +34,12 @@ struct ProcessOutcome {
   bool Ok() const { return exitCode == 0 && signal == 0 && !timedOut; }
   std::string Describe() const;
 };
+
+// fork(), once every other thread of this process sleeps (state S in /proc/self/task, twice in a row 1 ms apart;
+// at most 2 s of waiting, then it forks anyway). AddressSanitizer of GCC 12 takes no allocator lock across
+// fork(): a thread that is allocating at the moment of the fork (one still starting counts) leaves the child an
+// allocator lock that nobody will release, and the child's first allocation of that size waits forever.
+pid_t ForkWhenOtherThreadsSleep();
 
 // Runs body(rank) in `n` forked processes. A child's result is its return value, or 1 if it left a gtest
 // failure or threw. A run longer than `timeoutSeconds` kills every child left and marks it timed out.

@@ -1,5 +1,7 @@
 // Kernels written once with kernel.hpp, run on the backend in use (host threads on HOST, the GPU on
 // CUDA/HIP): indices, block barriers, dynamic shared memory, asynchronous launch, events, traps.
+#include "mori/core/kernel.hpp"
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -9,10 +11,10 @@
 #include <thread>
 #include <vector>
 
+#include "../common/test_util.hpp"
 #include "mori/core/atomic.hpp"
 #include "mori/core/device_assert.hpp"
 #include "mori/core/gpu.hpp"
-#include "mori/core/kernel.hpp"
 #include "proxy_copy.hpp"
 
 #if MORI_BACKEND_HOST
@@ -272,7 +274,7 @@ TEST_F(Kernel, AForkedChildLaunchesOnThreadsOfItsOwn) {
 #endif
   auto parent = Run(NeighbourThroughSharedMemory, Dim3(2), Dim3(16), 16 * 4);
   ASSERT_EQ(parent.size(), 32u);
-  const pid_t pid = fork();
+  const pid_t pid = test::ForkWhenOtherThreadsSleep();
   if (pid == 0) {
     constexpr unsigned n = 3 * 8;
     uint32_t* dev = nullptr;
@@ -385,7 +387,7 @@ TEST_F(Kernel, AForkedChildCopiesOnACopyStreamOfItsOwn) {
   GTEST_SKIP() << "ThreadSanitizer ends a child that starts threads after a multi-threaded fork";
 #endif
   const GpuStream parents = HostCopyStream();
-  pid_t pid = fork();
+  pid_t pid = test::ForkWhenOtherThreadsSleep();  // the parent's stream's worker may still be starting
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     std::vector<uint8_t> up(4096), down(4096, 0);

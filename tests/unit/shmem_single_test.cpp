@@ -162,7 +162,7 @@ bool InitPe(const mori_shmem_uniqueid_t& uid, int rank) {
 void RunForkedPair(int (*pe)(const mori_shmem_uniqueid_t&, int), const char* name) {
   mori_shmem_uniqueid_t uid;
   ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
-  pid_t child = fork();
+  pid_t child = core::test::ForkWhenOtherThreadsSleep();
   ASSERT_GE(child, 0);
   if (child == 0) _exit(pe(uid, 1));
   int rc = pe(uid, 0);
@@ -323,7 +323,7 @@ TEST_F(ShmemSingleTest, UniqueIdInitAndAPeerThatDies) {
   setenv("MORI_TIMEOUT_S", "3", 1);
   mori_shmem_uniqueid_t uid;
   ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
-  pid_t child = fork();
+  pid_t child = core::test::ForkWhenOtherThreadsSleep();
   ASSERT_GE(child, 0);
   if (child == 0) {
     mori_shmem_init_attr_t attr;
@@ -596,7 +596,7 @@ TEST_F(ShmemSingleTest, ProxyPeerThatDiesFailsTheProxyNamingIt) {
   ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
   const size_t bytes = 100000;
   auto start = [&uid](int rank) { return InitPe(uid, rank); };
-  pid_t child = fork();
+  pid_t child = core::test::ForkWhenOtherThreadsSleep();
   ASSERT_GE(child, 0);
   if (child == 0) {
     if (!start(1) || ShmemMalloc(2 * bytes) == nullptr) _exit(2);
@@ -640,7 +640,7 @@ TEST_F(ShmemSingleTest, ProxyConnectionChoiceMustBeKnown) {
     if (ShmemSetAttrUniqueIdArgs(rank, 2, &id, &attr) != 0) return 2;
     return ShmemInitAttr(MORI_SHMEM_INIT_WITH_UNIQUEID, &attr) != 0 && !ShmemIsInitialized() ? 0 : 1;
   };
-  pid_t child = fork();
+  pid_t child = core::test::ForkWhenOtherThreadsSleep();
   ASSERT_GE(child, 0);
   if (child == 0) _exit(init(1));
   ::testing::internal::CaptureStderr();
@@ -673,7 +673,7 @@ TEST_F(ShmemSingleTest, AFinalizeWhoseBarrierFailsLeavesNoStateOnTheFreedHeap) {
   mori_shmem_uniqueid_t uid;
   ASSERT_EQ(ShmemGetUniqueId(&uid), 0);
   auto init = [&](int rank) { return InitPe(uid, rank); };
-  pid_t child = fork();
+  pid_t child = core::test::ForkWhenOtherThreadsSleep();
   ASSERT_GE(child, 0);
   if (child == 0) _exit(init(1) && ShmemCalloc(1, 64) != nullptr ? 0 : 1);  // leaves without finalizing
   ASSERT_TRUE(init(0));
@@ -1018,7 +1018,7 @@ TEST_P(ShmemStopTest, SigtermEndsPesWaitingInKernelsPromptlyAndWithTheSignal) {
   std::string logs[2];
   for (int rank = 0; rank < 2; ++rank) {
     logs[rank] = "/tmp/mori_stop_test_" + std::to_string(getpid()) + "_" + std::to_string(rank) + ".log";
-    pids[rank] = fork();
+    pids[rank] = core::test::ForkWhenOtherThreadsSleep();
     ASSERT_GE(pids[rank], 0);
     if (pids[rank] == 0) {
       close(ready[0]);
@@ -1114,7 +1114,7 @@ TEST_F(ShmemSingleTest, StopHandlersOnlyWhereTheApplicationHasNone) {
     bool appHandlesSigint, off;
   } cases[] = {{false, false}, {true, false}, {false, true}};
   for (const auto& c : cases) {
-    pid_t child = fork();
+    pid_t child = core::test::ForkWhenOtherThreadsSleep();
     ASSERT_GE(child, 0);
     if (child == 0) _exit(HandlersAfterInit(c.appHandlesSigint, c.off));
     int status = 0;
