@@ -23,9 +23,12 @@ namespace detail {
 // spills of the inline P2P path depended on the RDMA posting code: 4a05ef8 changed only that code and moved
 // spills into the put loop of a 1,024-thread kernel (put_bw block 14-24% slower from 1 KiB to 2 MiB on an
 // H200). Called through the address, the loop kept its registers again (docs/PERF.md, 2026-11-29, night). It
-// costs device code (+49% in a test object of many kernels; why ptxas needs that much more is not known yet),
-// so the other out-of-line parts (signals, atomics, single values) are still called directly. HIP and HOST
-// call directly (HIP at -O0 would keep the call indirect).
+// costs device code: compiled without -rdc, a kernel's code holds every function it may call, and for a call
+// through an address ptxas cannot tell which, so every kernel that transfers or quiets carries every
+// TransferRemote and QuietRemote whose address the translation unit takes (about 137 KB per kernel, +49%, in a
+// test object of seven kernels that use three of them). So the other out-of-line parts (signals, atomics,
+// single values) are still called directly, and scripts/check_spills.py holds the put loops' spills to what
+// they were when measured fast. HIP and HOST call directly (HIP at -O0 would keep the call indirect).
 #if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE
 template <typename F>
 MORI_DEVICE_INLINE F OutOfLine(F f) {
