@@ -21,12 +21,13 @@ import sys
 import tempfile
 
 # Kernel (unmangled name, as in bench/shmem_bench.cpp) -> most bytes of spill stores and of spill loads.
-# nvcc 13.0, sm_90, 8a872af: PutBwKernel 4/4, PutBwWarpKernel 8/8, SignalPingPongKernel 56/92, PingPongKernel 0/0.
+# nvcc 13.0, sm_90: PutBwKernel 4/4, PutBwWarpKernel 8/8, PingPongKernel 0/0 (8a872af); SignalPingPongKernel
+# 64/100 since quiet is called directly again (56/92 before; its latency the same on an H200, PERF.md 2026-11-30).
 BUDGET = {
     "PutBwKernel": (4, 4),
     "PutBwWarpKernel": (8, 8),
     "PingPongKernel": (0, 0),
-    "SignalPingPongKernel": (56, 92),
+    "SignalPingPongKernel": (64, 100),
 }
 
 SOURCE = "shmem_bench.cpp.o"

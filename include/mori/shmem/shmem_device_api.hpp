@@ -17,18 +17,19 @@
 namespace mori::shmem {
 namespace detail {
 
-// The out-of-line parts of the transfers and of quiet, which bandwidth loops call on every iteration and after
-// the last, are called through their address passed through an empty asm statement that the compiler cannot
-// see through. Called directly, ptxas fits the caller's registers around what the callee clobbers, so the
-// spills of the inline P2P path depended on the RDMA posting code: 4a05ef8 changed only that code and moved
-// spills into the put loop of a 1,024-thread kernel (put_bw block 14-24% slower from 1 KiB to 2 MiB on an
-// H200). Called through the address, the loop kept its registers again (docs/PERF.md, 2026-11-29, night). It
-// costs device code: compiled without -rdc, a kernel's code holds every function it may call, and for a call
-// through an address ptxas cannot tell which, so every kernel that transfers or quiets carries every
-// TransferRemote and QuietRemote whose address the translation unit takes (about 137 KB per kernel, +49%, in a
-// test object of seven kernels that use three of them). So the other out-of-line parts (signals, atomics,
-// single values) are still called directly, and scripts/check_spills.py holds the put loops' spills to what
-// they were when measured fast. HIP and HOST call directly (HIP at -O0 would keep the call indirect).
+// The out-of-line parts of the transfers, which bandwidth loops call on every iteration, are called through
+// their address passed through an empty asm statement that the compiler cannot see through. Called directly,
+// ptxas fits the caller's registers around what the callee clobbers, so the spills of the inline P2P path
+// depended on the RDMA posting code: 4a05ef8 changed only that code and moved spills into the put loop of a
+// 1,024-thread kernel (put_bw block 14-24% slower from 1 KiB to 2 MiB on an H200). Called through the address,
+// the loop kept its registers again (docs/PERF.md, 2026-11-29, night). It costs device code: compiled without
+// -rdc, a kernel's code holds every function it may call, and for a call through an address ptxas cannot tell
+// which, so every kernel that transfers carries every TransferRemote whose address the translation unit takes
+// (85 KB for the thread put's). Quiet, called once after a loop, went back to a direct call (no slower on an
+// H200, docs/PERF.md, 2026-11-30): kernels that only quiet or synchronise carry no transfer code. The other
+// out-of-line parts (signals, atomics, single values) are called directly too, and scripts/check_spills.py
+// holds the put loops' spills to what they were when measured fast. HIP and HOST call directly (HIP at -O0
+// would keep the call indirect).
 #if MORI_BACKEND_CUDA && MORI_DEVICE_COMPILE
 template <typename F>
 MORI_DEVICE_INLINE F OutOfLine(F f) {
@@ -44,7 +45,7 @@ MORI_DEVICE_INLINE F OutOfLine(F f) {
 // checks, one cached load of the mapped base, the copy, the signal) and an out-of-line part for the RDMA
 // and Proxy transports. A kernel that only talks over P2P thus carries neither their code nor their register
 // pressure in its loops; one that uses them pays a call per operation, small beside posting a WQE or a
-// request (the transfers and quiet: MORI_SHMEM_OUT_OF_LINE above; see there for the others).
+// request (the transfers: MORI_SHMEM_OUT_OF_LINE above; see there for the others).
 
 // Set or add `value` at `offset` in pe's heap, ordered after this thread's earlier puts to pe (and, after a
 // group barrier, after the group's: a system-scope release is cumulative).
@@ -482,7 +483,7 @@ MORI_DEVICE_NOINLINE void QuietRemote() {
 MORI_DEVICE_INLINE void ShmemQuietThread() {
   const ShmemDeviceState& s = detail::Checked("ShmemQuietThread");
   detail::SystemFence();
-  if (MORI_UNLIKELY(s.queues != nullptr || detail::ViaProxy(s))) MORI_SHMEM_OUT_OF_LINE(detail::QuietRemote)();
+  if (MORI_UNLIKELY(s.queues != nullptr || detail::ViaProxy(s))) detail::QuietRemote();
 }
 
 MORI_DEVICE_INLINE void ShmemQuietThread(int pe) {
