@@ -1256,11 +1256,14 @@ TEST_F(EmulatedNic, ADroppedLinkFailsWhatIsInFlightWithoutHanging) {
   GpuBuffer& dst = Alloc(4096);
   RdmaMemoryRegion srcMr = a_->RegisterRdmaMemoryRegion(src.Data(), src.Bytes());
   RdmaMemoryRegion dstMr = b_->RegisterRdmaMemoryRegion(dst.Data(), dst.Bytes());
-  // Warm the link, then let work pile up behind a delay and cut the link under it.
+  // Warm the link, then let work pile up behind a delay and cut the link under it. The NIC starts one WQE of a
+  // queue per delay, so the 200 take 400 ms to go through and the cut, 5 ms in, finds most still queued. (With
+  // 200 us, 40 ms in all, a TSan run on two loaded cores once let all 200 through before the cut: the test
+  // thread's 5-ms sleep had lasted longer than that.)
   OpResult first = RunOp(0, srcMr.addr, srcMr.lkey, dstMr.addr, dstMr.rkey, 64);
   ASSERT_EQ(first.status, kCqeReq);
   EmulatedNicControl* nic = GetEmulatedNicControl(a_);
-  nic->SetDelayMicroseconds(200);
+  nic->SetDelayMicroseconds(2000);
   for (uint32_t i = 0; i < 200; ++i) a_->HostPost(epA_, WriteRequest(srcMr, dstMr, 64, i));
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   nic->DropLink();
