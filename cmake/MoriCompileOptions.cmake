@@ -52,10 +52,12 @@ endif()
 # MORI_DEBUG_INFO=lines: the build type's -g becomes -g1 (line tables and function names, no variables or
 # types): backtraces, sanitizer reports and gdb's `bt` keep file:line. MORI_DEBUG_INFO=none drops it, for a build
 # nothing runs from (a compile check). Either way the code is the same (debug information never changes what GCC
-# or clang generate). What CI's builds use: full debug information was a quarter of gcc's time for the largest
-# test file (shmem_single_test.cpp at -O2: 13.9 user-s with -g, 10.7 with -g1, 11.2 with none); hipcc at -O0
-# spent about as long with -g1 as with -g, 12% less with none. nvcc takes the host compiler's level through
-# -Xcompiler; its device line information (-lineinfo) stays.
+# or clang generate). What CI's builds use. Measured on 2026-12-02 (2 cores, one file compiled twice each way,
+# alternating; whole builds compared across runs were no guide: this machine's speed moved by up to 2x between
+# them): gcc at -O2 spent 24-36% more with -g than with -g1 (shmem_single_test.cpp 15.2-16.6 against 12.2 user-s,
+# soft_nic.cpp 4.9-5.8 against 3.7-4.4), at -O1 with ASan 25-37% more; hipcc at -O0 20-22 user-s with -g, 16-17
+# with -g1, 12-16 with none; nvcc's host part at -O0 the same either way (its device compile dominates). nvcc
+# takes the host compiler's level through -Xcompiler; its device line information (-lineinfo) stays.
 set(MORI_DEBUG_INFO "" CACHE STRING "Debug information: empty (what the build type gives), 'lines' (-g1) or 'none'")
 if(MORI_DEBUG_INFO STREQUAL "lines" OR MORI_DEBUG_INFO STREQUAL "none")
   set(_mori_g "")

@@ -50,9 +50,9 @@ build() {  # name, dir, cmake args...
   shift 2
   echo "== build $name"
   local start=$SECONDS
-  # Line tables only (-g1): failures keep file:line in backtraces and sanitizer reports, for a quarter less
-  # compile time than full debug information (cmake/MoriCompileOptions.cmake); the compile checks, which run
-  # nothing, pass MORI_DEBUG_INFO=none after it.
+  # Line tables only (-g1): failures keep file:line in backtraces and sanitizer reports, for a quarter less gcc
+  # time than full debug information (cmake/MoriCompileOptions.cmake); the compile checks, which run nothing,
+  # pass MORI_DEBUG_INFO=none after it.
   if cmake -S . -B "$dir" -G Ninja -DMORI_WERROR=ON -DMORI_DEBUG_INFO=lines "$@" > "$dir.configure.log" 2>&1 &&
      cmake --build "$dir" --parallel "$jobs" > "$dir.build.log" 2>&1; then
     echo "   built in $((SECONDS - start)) s"
@@ -79,6 +79,7 @@ if want cuda; then
     gpu=0
     command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && gpu=1
     check_args=()
+    # Without a GPU nothing of this build runs: no debug information either.
     [ $gpu = 1 ] || check_args=(-DMORI_UNOPTIMIZED_CHECKS=ON -DMORI_DEBUG_INFO=none)
     if build cuda build-ci-cuda -DMORI_GPU_BACKEND=CUDA -DCMAKE_CUDA_COMPILER="$nvcc" "${check_args[@]}" \
          "${python_args[@]}"; then
@@ -128,7 +129,8 @@ if want tsan; then
   export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
   # At -O1 too (ThreadSanitizer's documentation advises -O1 or -O2): the TSan ctest 217 s instead of 256.
   build tsan build-ci-tsan -DMORI_GPU_BACKEND=HOST -DMORI_SANITIZE=thread -DCMAKE_BUILD_TYPE=Debug \
-    "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" -DMORI_BUILD_EXAMPLES=OFF -DMORI_BUILD_BENCH=OFF && run_ctest tsan build-ci-tsan -E "Depths/|mpi_|chaos_"
+    "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" -DMORI_BUILD_EXAMPLES=OFF -DMORI_BUILD_BENCH=OFF &&
+    run_ctest tsan build-ci-tsan -E "Depths/|mpi_|chaos_"
 fi
 if want fuzz; then
   echo "== fuzz"
