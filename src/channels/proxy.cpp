@@ -2,16 +2,13 @@
 // ProxyService, which executes port channel requests over the connections of its semaphores.
 #include "mori/channels/proxy.hpp"
 
-#include <pthread.h>
 #include <sched.h>
 
 #include <array>
-#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <fstream>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -22,6 +19,7 @@
 #include "mori/core/logging.hpp"
 #include "mori/channels/port_channel.hpp"
 #include "mori/core/timeout.hpp"
+#include "service_thread.hpp"
 
 namespace mori::core {
 
@@ -88,110 +86,6 @@ class IdleBackoff {
   Clock::time_point since_;
 };
 
-// "0-3,8,10-11" from a CPU set.
-std::string CpuListText(const cpu_set_t& set) {
-  std::string out;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (!CPU_ISSET(cpu, &set)) continue;
-    int last = cpu;
-    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) ++last;
-    if (!out.empty()) out += ',';
-    out += std::to_string(cpu);
-    if (last > cpu) out += '-' + std::to_string(last);
-    cpu = last;
-  }
-  return out.empty() ? "none" : out;
-}
-
-// Parses a sysfs CPU list ("0-31,64-95"); false when it is malformed.
-bool ParseCpuList(const std::string& text, cpu_set_t* set) {
-  CPU_ZERO(set);
-  size_t i = 0;
-  auto number = [&](long* value) {
-    size_t start = i;
-    long v = 0;
-    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])) != 0) {
-      v = v * 10 + (text[i] - '0');
-      if (v >= CPU_SETSIZE) return false;
-      ++i;
-    }
-    *value = v;
-    return i > start;
-  };
-  bool any = false;
-  while (i < text.size() && text[i] != '\n') {
-    long first = 0, last = 0;
-    if (!number(&first)) return false;
-    last = first;
-    if (i < text.size() && text[i] == '-') {
-      ++i;
-      if (!number(&last) || last < first) return false;
-    }
-    for (long c = first; c <= last; ++c) CPU_SET(static_cast<int>(c), set);
-    any = true;
-    if (i < text.size() && text[i] == ',') ++i;
-  }
-  return any;
-}
-
-// The sysfs name of a PCI bus id as the GPU runtime prints it ("0000:3B:00.0", or with an 8-digit domain):
-// lower case, 4-digit domain.
-std::string SysfsPciName(std::string busId) {
-  for (char& c : busId) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  size_t colon = busId.find(':');
-  if (colon != std::string::npos && colon > 4 && busId.find(':', colon + 1) != std::string::npos) {
-    busId = busId.substr(colon - 4);
-  }
-  return busId;
-}
-
-// Pins the calling thread to the CPUs near `device` that this process may use. Not pinned on HOST (no GPU
-// to be near) or when the topology is unknown; the log says which.
-void PinNearDevice(int device) {
-  if (MORI_BACKEND_HOST) {
-    MORI_LOG_DEBUG(Proxy, "proxy thread not pinned: the HOST backend has no GPU to be near");
-    return;
-  }
-  char busId[64] = {};
-  if (GpuDeviceGetPciBusId(busId, sizeof(busId), device) != kGpuSuccess) {
-    (void)GpuGetLastError();
-    MORI_LOG_INFO(Proxy, "proxy thread for GPU %d not pinned: its PCI bus id is unknown", device);
-    return;
-  }
-  std::string path = "/sys/bus/pci/devices/" + SysfsPciName(busId) + "/local_cpulist";
-  std::ifstream file(path);
-  std::string list;
-  cpu_set_t near;
-  if (!file || !std::getline(file, list) || !ParseCpuList(list, &near)) {
-    MORI_LOG_INFO(Proxy, "proxy thread for GPU %d (%s) not pinned: %s is missing or unreadable", device, busId,
-                  path.c_str());
-    return;
-  }
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
-    MORI_LOG_INFO(Proxy, "proxy thread for GPU %d not pinned: sched_getaffinity failed", device);
-    return;
-  }
-  cpu_set_t chosen;
-  CPU_AND(&chosen, &near, &allowed);
-  if (CPU_COUNT(&chosen) == 0) {
-    MORI_LOG_INFO(Proxy,
-                  "proxy thread for GPU %d (%s) not pinned: none of its near CPUs (%s) is allowed to this process "
-                  "(%s)",
-                  device, busId, CpuListText(near).c_str(), CpuListText(allowed).c_str());
-    return;
-  }
-  int err = pthread_setaffinity_np(pthread_self(), sizeof(chosen), &chosen);
-  if (err != 0) {
-    MORI_LOG_WARN(Proxy, "proxy thread for GPU %d: pinning to CPUs %s failed: %s", device, CpuListText(chosen).c_str(),
-                  ErrnoString(err).c_str());
-    return;
-  }
-  MORI_LOG_INFO(Proxy, "proxy thread for GPU %d (%s) pinned to CPUs %s (near the GPU: %s)", device, busId,
-                CpuListText(chosen).c_str(), CpuListText(near).c_str());
-}
-
 std::string TriggerText(const ProxyTrigger& t) {
   return StrFormat("{fst 0x%016llx, snd 0x%016llx}", static_cast<unsigned long long>(t.fst),
                    static_cast<unsigned long long>(t.snd));
@@ -246,9 +140,9 @@ void Proxy::Run() {
   Fifo& fifo = *fifo_;
   ProxyTrigger trigger{};
   bool inHandler = false;
+  BecomeServiceThread("proxy", device_, device_);
   try {
     MORI_CHECK_GPU(GpuSetDevice(device_));  // the current device is per host thread
-    PinNearDevice(device_);
     IdleBackoff backoff;
     while (!t.stop.load(std::memory_order_acquire)) {
       if (fifo.Poll(&trigger)) {

@@ -12,6 +12,7 @@
 #include "mori/core/launch.hpp"
 #include "mori/core/logging.hpp"
 #include "mori/core/stop.hpp"
+#include "service_thread.hpp"
 #if MORI_HAS_MPI
 #include "mori/core/mpi_bootstrap.hpp"
 #endif
@@ -119,6 +120,7 @@ void ExitWithLauncher(Launcher launcher) {
     const pid_t launcherPid = getppid();
     // Detached: it only sleeps and reads a pid, and must not hold the process at exit.
     std::thread([launcherPid, launcher] {
+      NameThisThread("launcher");
       for (;;) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         if (getppid() == launcherPid) continue;

@@ -13,6 +13,7 @@
 
 #include "mori/core/errors.hpp"
 #include "mori/core/format.hpp"
+#include "service_thread.hpp"
 
 namespace mori::core {
 
@@ -54,6 +55,7 @@ class SyncWorker {
   SyncWorker() { std::thread([this] { Run(); }).detach(); }
 
   void Run() {
+    NameThisThread("devsync");
     for (;;) {
       std::shared_ptr<SyncRequest> r;
       {

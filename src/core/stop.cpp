@@ -24,6 +24,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/logging.hpp"
 #include "mori/core/timeout.hpp"
+#include "service_thread.hpp"
 
 namespace mori::core {
 namespace {
@@ -176,6 +177,7 @@ void HoldExitWhileStopping() {
 }
 
 void Watch() {
+  NameThisThread("stop");
   char c = 0;
   ssize_t r;
   do {

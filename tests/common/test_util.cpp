@@ -214,6 +214,20 @@ std::vector<int> ListeningFds() {
   return fds;
 }
 
+std::vector<std::string> ThreadNames() {
+  std::vector<std::string> names;
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return names;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
+    std::string name;
+    if (std::getline(comm, name)) names.push_back(name);
+  }
+  closedir(dir);
+  return names;
+}
+
 int ProbeGpuCount() {
   auto outcome = RunProcesses(
       1,

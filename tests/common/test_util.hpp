@@ -66,6 +66,9 @@ std::string LoopbackRoot();
 // The descriptors of this process's listening sockets (any family), from /proc/self/fd.
 std::vector<int> ListeningFds();
 
+// The names of this process's threads, from /proc/self/task/*/comm (empty where there is no /proc).
+std::vector<std::string> ThreadNames();
+
 // Number of GPUs, probed in a child process so that this process does not initialise the GPU runtime
 // before it forks (a CUDA context does not survive fork()).
 int ProbeGpuCount();

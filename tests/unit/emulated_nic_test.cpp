@@ -378,6 +378,22 @@ TEST_F(EmulatedNic, WritesReadsAndAtomicsReachMemoryOfASecondGpu) {
   EXPECT_EQ(v, 5037u);
 }
 
+// Each NIC's engine thread is named "mori-nic:<index>" (top -H, ps -L, gdb, perf): this fixture made two NICs.
+TEST_F(EmulatedNic, EveryEngineThreadIsNamed) {
+  using core::test::ThreadNames;
+  if (ThreadNames().empty()) GTEST_SKIP() << "no /proc/self/task here";
+  Connect();
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  size_t engines = 0;
+  while (true) {
+    engines = 0;
+    for (const std::string& name : ThreadNames()) engines += name.rfind("mori-nic:", 0) == 0;
+    if (engines >= 2 || std::chrono::steady_clock::now() > deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GE(engines, 2u) << "threads named mori-nic:<index>, one per NIC of this fixture";
+}
+
 TEST_F(EmulatedNic, ZeroLengthWritesAndSendsComplete) {
   Connect();
   GpuBuffer& src = Alloc(64);

@@ -2,12 +2,18 @@
 // slow consumer, multi-slot pushes, a handler that is not ready or throws, draining at StopProxy, bad input.
 #include "mori/channels/fifo.hpp"
 
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <sched.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -24,6 +30,7 @@
 #include "mori/channels/proxy.hpp"
 #include "mori/channels/proxy_trigger.hpp"
 #include "registered_memory_impl.hpp"
+#include "service_thread.hpp"
 
 namespace mori::core {
 namespace {
@@ -323,6 +330,91 @@ TEST(ProxyTest, ManyProducersAgainstASlowConsumer) {
 // 4,096 GPU pushers through 4 slots move about 0.1 million triggers a second on an H200 (fifo_bench: 5.9
 // million with 32 slots, 55 with 1,024), so each pushes 40 (400 took 123-138 s there, the longest test of the
 // CUDA suite; each pusher still waits far from the front 40 times).
+// Waits (bounded, 5 s) until a thread of this process is named `name` or, with `present` false, none is.
+using test::ThreadNames;
+
+bool WaitForThreadNamed(const std::string& name, bool present) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    std::vector<std::string> names = ThreadNames();
+    bool found = std::find(names.begin(), names.end(), name) != names.end();
+    if (found == present) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// top -H, ps -L, gdb and perf show the proxy's thread by its name and GPU, beside the application's threads.
+TEST(ProxyTest, ItsThreadIsNamedAfterItsGpu) {
+  if (ThreadNames().empty()) GTEST_SKIP() << "no /proc/self/task here";
+  int device = 0;
+  ASSERT_EQ(GpuGetDevice(&device), kGpuSuccess);
+  const std::string name = "mori-proxy:" + std::to_string(device);
+  ASSERT_TRUE(WaitForThreadNamed(name, false)) << "a thread named " << name << " before the proxy started";
+  TestProxy proxy(8, TestProxy::Record);
+  proxy.StartProxy();
+  EXPECT_TRUE(WaitForThreadNamed(name, true)) << "no thread named " << name << " within 5 s of StartProxy";
+  proxy.StopProxy();
+  EXPECT_TRUE(WaitForThreadNamed(name, false)) << "the thread named " << name << " outlived StopProxy";
+}
+
+// The thread id of this process's thread named `name`, or 0.
+pid_t ThreadNamed(const std::string& name) {
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return 0;
+  pid_t found = 0;
+  while (dirent* e = readdir(dir)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
+    std::string got;
+    if (std::getline(comm, got) && got == name) found = static_cast<pid_t>(std::atoi(e->d_name));
+  }
+  closedir(dir);
+  return found;
+}
+
+// Started from a thread bound to one CPU (mpirun binds each of 2 or fewer ranks to a core), the proxy runs on
+// other CPUs: the application's thread holds that one (spinning in cudaDeviceSynchronize, it left a proxy beside
+// it about 1% of the CPU on an H200, and an atomics example through the proxy took 45 s instead of 3).
+TEST(ProxyTest, ItsThreadLeavesACpuTheApplicationIsBoundTo) {
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  ASSERT_EQ(pthread_getaffinity_np(pthread_self(), sizeof(all), &all), 0);
+  if (CPU_COUNT(&all) < 2 || ThreadNames().empty()) GTEST_SKIP() << "one CPU allowed, or no /proc/self/task";
+  int bound = 0;
+  while (!CPU_ISSET(bound, &all)) ++bound;
+  int device = 0;
+  ASSERT_EQ(GpuGetDevice(&device), kGpuSuccess);
+  const std::string name = "mori-proxy:" + std::to_string(device);
+  cpu_set_t proxyCpus;
+  CPU_ZERO(&proxyCpus);
+  bool sawProxy = false;
+  // From a thread of its own, so that this test's thread keeps its CPUs whatever happens.
+  std::thread([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(bound, &one);
+    ASSERT_EQ(pthread_setaffinity_np(pthread_self(), sizeof(one), &one), 0);
+    TestProxy proxy(8, TestProxy::Record);
+    proxy.StartProxy();
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (std::chrono::steady_clock::now() < deadline) {
+      pid_t tid = ThreadNamed(name);
+      // The name is set before the placement: wait until the CPUs changed, or the deadline.
+      if (tid != 0 && sched_getaffinity(tid, sizeof(proxyCpus), &proxyCpus) == 0 &&
+          !CPU_EQUAL(&proxyCpus, &one)) {
+        sawProxy = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    proxy.StopProxy();
+  }).join();
+  ASSERT_TRUE(sawProxy) << "the proxy thread stayed on CPU " << bound << " alone, with the thread that started it";
+  EXPECT_FALSE(CPU_ISSET(bound, &proxyCpus)) << "proxy on CPUs " << CpuListText(proxyCpus);
+  EXPECT_GE(CPU_COUNT(&proxyCpus), 1);
+}
+
 TEST(ProxyTest, PushersFarFromTheFrontOfAFullRingAllGetThrough) {
   const unsigned threads = MORI_BACKEND_HOST ? 64 : 256, blocks = MORI_BACKEND_HOST ? 4 : 16;
   const uint32_t pushers = threads * blocks, perThread = MORI_BACKEND_HOST ? 25 : 40;

@@ -28,6 +28,7 @@
 #include "mori/core/gpu_buffer.hpp"
 #include "mori/core/logging.hpp"
 #include "proxy_copy.hpp"
+#include "service_thread.hpp"
 #include "tcp/tcp_registry.hpp"
 #include "tcp/tcp_setup.hpp"
 
@@ -313,8 +314,14 @@ TcpLink::Impl::Impl(const TcpLinkOptions& options, int rank, int peerRank, Estab
         std::lock_guard<std::mutex> lock(stateMutex_);
         running_ += 2;
       }
-      c->sender = std::thread([this, c] { SenderLoop(*c); });
-      c->receiver = std::thread([this, c] { ReceiverLoop(*c); });
+      c->sender = std::thread([this, c] {
+        BecomeServiceThread("tcp-tx", -1, -1);
+        SenderLoop(*c);
+      });
+      c->receiver = std::thread([this, c] {
+        BecomeServiceThread("tcp-rx", -1, -1);
+        ReceiverLoop(*c);
+      });
     }
     // The link is handed out only once every channel thread has made its GPU stream and pinned buffers: made
     // later, beside a kernel that already runs, they can wait for that kernel (pinning memory under CUDA MPS

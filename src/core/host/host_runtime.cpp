@@ -25,6 +25,7 @@
 #include "mori/core/gpu.hpp"
 #include "mori/core/kernel.hpp"
 #include "mori/core/logging.hpp"
+#include "service_thread.hpp"
 
 namespace mori::core {
 
@@ -116,7 +117,11 @@ struct HostStream {
   int pins = 0;
   bool destroyed = false;
 
-  HostStream() : worker([this] { Run(); }) {}
+  HostStream()
+      : worker([this] {
+          NameThisThread("stream");
+          Run();
+        }) {}
 
   ~HostStream() {
     {
@@ -233,6 +238,7 @@ class KernelThreads {
   }
 
   void Loop(Worker* w) {
+    NameThisThread("kernel");
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
       std::function<void()> work = std::move(w->work), done = std::move(w->done);

@@ -15,6 +15,7 @@
 #include "mori/core/stop.hpp"
 #include "mori/rdma/device_primitives.hpp"
 #include "mori/rdma/mlx5/mlx5_prm.hpp"
+#include "service_thread.hpp"
 
 namespace mori::rdma::emulated {
 
@@ -438,6 +439,7 @@ void SoftNic::SetFaults(const EmulatedNicFaults& faults) {
 // ---------------------------------------------------------------- engine
 
 void SoftNic::Run() {
+  core::BecomeServiceThread("nic", static_cast<int>(nicIndex_), -1);
   while (!stop_.load(std::memory_order_relaxed)) {
     bool work = false;
     Clock::time_point now = Clock::now();
