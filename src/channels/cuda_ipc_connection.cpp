@@ -162,11 +162,7 @@ class CudaIpcConnection final : public Connection {
   // HostCopyStream, and other threads' later copies are not waited for).
   void WaitStream(const Deadline& deadline, const char* why) {
     GpuEvent issued = nullptr;
-    MORI_CHECK_GPU(GpuEventCreate(&issued));
-    struct Destroy {
-      GpuEvent e;
-      ~Destroy() { (void)GpuEventDestroy(e); }
-    } destroy{issued};
+    MORI_CHECK_GPU(ThreadWaitEvent(&issued));  // the caller set device_ current
     MORI_CHECK_GPU(GpuEventRecord(issued, stream_));
     while (true) {
       GpuStatus s = GpuEventQuery(issued);

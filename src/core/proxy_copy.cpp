@@ -8,6 +8,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "mori/core/device_scope.hpp"
 #include "mori/core/errors.hpp"
@@ -113,6 +115,37 @@ GpuStream HostCopyStream(int device) {
   return stream;
 }
 
+GpuStatus ThreadWaitEvent(GpuEvent* event) {
+  // Set once this thread's cache is destroyed (a plain bool outlives it): a wait after that, from a static
+  // object's destructor at process exit, gets an event of its own that is never freed.
+  thread_local bool cacheGone = false;
+  struct Events {
+    std::vector<std::pair<int, GpuEvent>> byDevice;
+    ~Events() {
+      cacheGone = true;
+      // At thread exit; a runtime already gone answers an error, ignored.
+      for (auto& entry : byDevice) (void)GpuEventDestroy(entry.second);
+    }
+  };
+  if (cacheGone) return GpuEventCreateNoTiming(event);
+  thread_local Events events;
+  int device = 0;
+  GpuStatus s = GpuGetDevice(&device);
+  if (s != kGpuSuccess) return s;
+  for (auto& [d, e] : events.byDevice) {
+    if (d == device) {
+      *event = e;
+      return kGpuSuccess;
+    }
+  }
+  GpuEvent e = nullptr;
+  s = GpuEventCreateNoTiming(&e);
+  if (s != kGpuSuccess) return s;
+  events.byDevice.emplace_back(device, e);
+  *event = e;
+  return kGpuSuccess;
+}
+
 GpuStatus TimedStreamCopy(void* dst, const void* src, size_t bytes, GpuStream stream, double* seconds) {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -127,11 +160,10 @@ GpuStatus TimedStreamCopy(void* dst, const void* src, size_t bytes, GpuStream st
   // The wait is for this copy (an event after it), not for the whole stream: other threads' copies on a
   // shared stream neither prolong it nor hand it their errors.
   GpuEvent done = nullptr;
-  GpuStatus s = GpuEventCreate(&done);
+  GpuStatus s = ThreadWaitEvent(&done);
   if (s == kGpuSuccess) s = GpuMemcpyAsync(dst, src, bytes, stream);
   if (s == kGpuSuccess) s = GpuEventRecord(done, stream);
   if (s == kGpuSuccess) s = GpuEventSynchronize(done);
-  if (done != nullptr) (void)GpuEventDestroy(done);
   *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return s;
 }

@@ -46,6 +46,11 @@ bool MpsControlRunning();
 // The warning for CUDA_DEVICE_MAX_CONNECTIONS=`current` (empty when it is unset or at least kMinCopyQueues).
 std::string FewCopyQueuesWarning(const char* current);
 
+// This thread's event for waiting on work of the current device: made once per thread and device, without timing,
+// and recorded again by every wait (a new timing event per wait cost 2.4 us more per 8-byte copy on an H200,
+// bench/experiments/copy_wait_cost.cu). Only for a wait that ends before the thread records it again.
+GpuStatus ThreadWaitEvent(GpuEvent* event);
+
 // cudaMemcpyAsync on `stream`, then a wait for that copy (an event recorded after it); returns the first
 // failure's status. `seconds` receives the time this took. The first call of the process logs
 // FewCopyQueuesWarning (and, at info level, a value mori set at load). Throws nothing.

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/test_util.hpp"
@@ -235,6 +236,30 @@ TEST_F(GpuBufferTest, TimedStreamCopyCopiesAndSlowOnesNameTheCause) {
   EXPECT_NE(hint.find("took 12.2 s"), std::string::npos) << hint;
   EXPECT_NE(hint.find("cudaFree"), std::string::npos) << hint;
   EXPECT_NE(hint.find("CUDA_DEVICE_MAX_CONNECTIONS="), std::string::npos) << hint;
+}
+
+// Waits for copies reuse one event per thread and device, made without timing: many copies in a row each wait
+// for their own data (a different pattern each time, read back at once), and another thread has its own event.
+TEST_F(GpuBufferTest, CopiesWaitOnOneEventPerThreadAndEachSeesItsOwnData) {
+  GpuEvent first = nullptr, again = nullptr, other = nullptr;
+  ASSERT_EQ(ThreadWaitEvent(&first), kGpuSuccess);
+  ASSERT_EQ(ThreadWaitEvent(&again), kGpuSuccess);
+  EXPECT_EQ(first, again);
+  std::thread([&] { EXPECT_EQ(ThreadWaitEvent(&other), kGpuSuccess); }).join();
+  EXPECT_NE(other, nullptr);
+  EXPECT_NE(other, first);
+  GpuBuffer device(1024, MemoryType::Device);
+  GpuStream stream{};
+  ASSERT_EQ(GpuStreamCreate(&stream), kGpuSuccess);
+  std::vector<uint8_t> up(1024), back(1024);
+  double seconds = 0;
+  for (int round = 0; round < 50; ++round) {
+    for (size_t i = 0; i < up.size(); ++i) up[i] = static_cast<uint8_t>(i * 13 + round * 7 + 1);
+    ASSERT_EQ(TimedStreamCopy(device.Data(), up.data(), up.size(), stream, &seconds), kGpuSuccess);
+    ASSERT_EQ(TimedStreamCopy(back.data(), device.Data(), back.size(), stream, &seconds), kGpuSuccess);
+    ASSERT_EQ(back, up) << "round " << round;
+  }
+  EXPECT_EQ(GpuStreamDestroy(stream), kGpuSuccess);
 }
 
 // What mori sets CUDA_DEVICE_MAX_CONNECTIONS to at load, and when it warns about it.

@@ -77,6 +77,9 @@ inline GpuStatus GpuStreamSynchronize(GpuStream s) { return cudaStreamSynchroniz
 inline GpuStatus GpuStreamQuery(GpuStream s) { return cudaStreamQuery(s); }
 inline GpuStatus GpuDeviceSynchronize() { return cudaDeviceSynchronize(); }
 inline GpuStatus GpuEventCreate(GpuEvent* e) { return cudaEventCreate(e); }
+// An event only waited on, never timed: cheaper to record (a host thread waiting for an 8-byte copy with one:
+// 6.4 us against 8.1 us with a timing event, H200, bench/experiments/copy_wait_cost.cu).
+inline GpuStatus GpuEventCreateNoTiming(GpuEvent* e) { return cudaEventCreateWithFlags(e, cudaEventDisableTiming); }
 inline GpuStatus GpuEventDestroy(GpuEvent e) { return cudaEventDestroy(e); }
 inline GpuStatus GpuEventRecord(GpuEvent e, GpuStream s) { return cudaEventRecord(e, s); }
 inline GpuStatus GpuEventSynchronize(GpuEvent e) { return cudaEventSynchronize(e); }
@@ -154,6 +157,7 @@ inline GpuStatus GpuStreamSynchronize(GpuStream s) { return hipStreamSynchronize
 inline GpuStatus GpuStreamQuery(GpuStream s) { return hipStreamQuery(s); }
 inline GpuStatus GpuDeviceSynchronize() { return hipDeviceSynchronize(); }
 inline GpuStatus GpuEventCreate(GpuEvent* e) { return hipEventCreate(e); }
+inline GpuStatus GpuEventCreateNoTiming(GpuEvent* e) { return hipEventCreateWithFlags(e, hipEventDisableTiming); }
 inline GpuStatus GpuEventDestroy(GpuEvent e) { return hipEventDestroy(e); }
 inline GpuStatus GpuEventRecord(GpuEvent e, GpuStream s) { return hipEventRecord(e, s); }
 inline GpuStatus GpuEventSynchronize(GpuEvent e) { return hipEventSynchronize(e); }
@@ -211,6 +215,7 @@ GpuStatus GpuStreamSynchronize(GpuStream s);
 GpuStatus GpuStreamQuery(GpuStream s);
 GpuStatus GpuDeviceSynchronize();
 GpuStatus GpuEventCreate(GpuEvent* e);
+inline GpuStatus GpuEventCreateNoTiming(GpuEvent* e) { return GpuEventCreate(e); }
 GpuStatus GpuEventDestroy(GpuEvent e);
 GpuStatus GpuEventRecord(GpuEvent e, GpuStream s);
 GpuStatus GpuEventSynchronize(GpuEvent e);
