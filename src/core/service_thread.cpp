@@ -140,7 +140,9 @@ std::string PlaceServiceThread(const char* role, int device) {
       OnlineCpus(&online);
       others(online);
     }
-    if (CPU_COUNT(&chosen) == 0) return StrFormat("left on CPU %s, the only one (%s)", CpuListText(allowed).c_str(), nearText.c_str());
+    if (CPU_COUNT(&chosen) == 0) {
+      return StrFormat("left on CPU %s, the only one (%s)", CpuListText(allowed).c_str(), nearText.c_str());
+    }
     reason = StrFormat("beside this process's binding to CPU %s alone", CpuListText(allowed).c_str());
   } else {
     CPU_AND(&chosen, &near, &allowed);
@@ -152,8 +154,7 @@ std::string PlaceServiceThread(const char* role, int device) {
   err = pthread_setaffinity_np(pthread_self(), sizeof(chosen), &chosen);
   if (err != 0) {
     MORI_LOG_WARN(Core, "mori %s thread: pinning to CPUs %s (%s) failed: %s; it stays on CPUs %s", role,
-                  CpuListText(chosen).c_str(), reason.c_str(), ErrnoString(err).c_str(),
-                  CpuListText(allowed).c_str());
+                  CpuListText(chosen).c_str(), reason.c_str(), ErrnoString(err).c_str(), CpuListText(allowed).c_str());
     return "not placed: pthread_setaffinity_np failed: " + ErrnoString(err);
   }
   std::string done = StrFormat("on CPUs %s, %s (%s)", CpuListText(chosen).c_str(), reason.c_str(), nearText.c_str());

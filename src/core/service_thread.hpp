@@ -21,9 +21,10 @@ void BecomeServiceThread(const char* role, int index, int device);
 //   the thread may use (the affinity it inherited from the thread that made it, usually the launcher's
 //   binding of the process);
 // - but when that binding is a single CPU (mpirun binds each rank to one core when it starts 2 or fewer),
-//   on the other CPUs near the device (none: the other online CPUs): the application's own thread runs on that CPU, and one that spins in
-//   cudaDeviceSynchronize left a service thread beside it about 1% of the CPU (an H200 under MPS: an
-//   atomics example through the proxy took 45 s at 2 ranks, 3 s at 3 ranks, which mpirun binds to a socket).
+//   on the other CPUs near the device (none: the other online CPUs): the application's own thread runs on
+//   that CPU, and one that spins in cudaDeviceSynchronize left a service thread beside it about 1% of the CPU
+//   (an H200 under MPS: an atomics example through the proxy took 45 s at 2 ranks, 3 s at 3 ranks, which
+//   mpirun binds to a socket).
 // Failing to pin (a cpuset that forbids the CPUs) leaves the thread where it is, with a warning. Returns what
 // was done, for the log and tests.
 std::string PlaceServiceThread(const char* role, int device);

@@ -67,8 +67,7 @@ TEST(ServiceThread, LeavesABindingToOneCpuAndKeepsAWiderOne) {
   }).join();
   EXPECT_FALSE(CPU_ISSET(bound, &afterOne)) << whatOne;
   EXPECT_GE(CPU_COUNT(&afterOne), 1) << whatOne;
-  EXPECT_NE(whatOne.find("beside this process's binding to CPU " + std::to_string(bound) + " alone"),
-            std::string::npos)
+  EXPECT_NE(whatOne.find("beside this process's binding to CPU " + std::to_string(bound) + " alone"), std::string::npos)
       << whatOne;
   EXPECT_TRUE(CPU_EQUAL(&afterWide, &all)) << whatWide << ": now " << CpuListText(afterWide);
 }
