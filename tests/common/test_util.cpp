@@ -214,17 +214,23 @@ std::vector<int> ListeningFds() {
   return fds;
 }
 
-std::vector<std::string> ThreadNames() {
-  std::vector<std::string> names;
+std::vector<std::pair<pid_t, std::string>> Threads() {
+  std::vector<std::pair<pid_t, std::string>> threads;
   DIR* dir = opendir("/proc/self/task");
-  if (dir == nullptr) return names;
+  if (dir == nullptr) return threads;
   while (dirent* e = readdir(dir)) {
     if (e->d_name[0] == '.') continue;
     std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
     std::string name;
-    if (std::getline(comm, name)) names.push_back(name);
+    if (std::getline(comm, name)) threads.emplace_back(static_cast<pid_t>(std::atoi(e->d_name)), name);
   }
   closedir(dir);
+  return threads;
+}
+
+std::vector<std::string> ThreadNames() {
+  std::vector<std::string> names;
+  for (auto& [tid, name] : Threads()) names.push_back(name);
   return names;
 }
 

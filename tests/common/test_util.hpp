@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mori/core/device.hpp"
@@ -66,7 +67,9 @@ std::string LoopbackRoot();
 // The descriptors of this process's listening sockets (any family), from /proc/self/fd.
 std::vector<int> ListeningFds();
 
-// The names of this process's threads, from /proc/self/task/*/comm (empty where there is no /proc).
+// This process's threads, from /proc/self/task: each one's id and name (comm); empty where there is no /proc.
+std::vector<std::pair<pid_t, std::string>> Threads();
+// Their names alone.
 std::vector<std::string> ThreadNames();
 
 // Number of GPUs, probed in a child process so that this process does not initialise the GPU runtime

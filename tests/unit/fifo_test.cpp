@@ -2,7 +2,6 @@
 // slow consumer, multi-slot pushes, a handler that is not ready or throws, draining at StopProxy, bad input.
 #include "mori/channels/fifo.hpp"
 
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <pthread.h>
 #include <sched.h>
@@ -11,9 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -325,14 +322,9 @@ TEST(ProxyTest, ManyProducersAgainstASlowConsumer) {
   EXPECT_GT(proxy.idles.load(), 0u) << "OnIdle runs at least once, before the thread ends";
 }
 
-// More pushers waiting than the ring and the window of tail readers hold: most wait on tailSeen in device
-// memory (FifoDeviceHandle::kTailReadersWindow) and must still each get room, in slot order, with nothing lost.
-// 4,096 GPU pushers through 4 slots move about 0.1 million triggers a second on an H200 (fifo_bench: 5.9
-// million with 32 slots, 55 with 1,024), so each pushes 40 (400 took 123-138 s there, the longest test of the
-// CUDA suite; each pusher still waits far from the front 40 times).
-// Waits (bounded, 5 s) until a thread of this process is named `name` or, with `present` false, none is.
 using test::ThreadNames;
 
+// Waits (bounded, 5 s) until a thread of this process is named `name` or, with `present` false, none is.
 bool WaitForThreadNamed(const std::string& name, bool present) {
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (;;) {
@@ -360,17 +352,10 @@ TEST(ProxyTest, ItsThreadIsNamedAfterItsGpu) {
 
 // The thread id of this process's thread named `name`, or 0.
 pid_t ThreadNamed(const std::string& name) {
-  DIR* dir = opendir("/proc/self/task");
-  if (dir == nullptr) return 0;
-  pid_t found = 0;
-  while (dirent* e = readdir(dir)) {
-    if (e->d_name[0] == '.') continue;
-    std::ifstream comm(std::string("/proc/self/task/") + e->d_name + "/comm");
-    std::string got;
-    if (std::getline(comm, got) && got == name) found = static_cast<pid_t>(std::atoi(e->d_name));
+  for (auto& [tid, got] : test::Threads()) {
+    if (got == name) return tid;
   }
-  closedir(dir);
-  return found;
+  return 0;
 }
 
 // Started from a thread bound to one CPU (mpirun binds each of 2 or fewer ranks to a core), the proxy runs on
@@ -401,8 +386,7 @@ TEST(ProxyTest, ItsThreadLeavesACpuTheApplicationIsBoundTo) {
     while (std::chrono::steady_clock::now() < deadline) {
       pid_t tid = ThreadNamed(name);
       // The name is set before the placement: wait until the CPUs changed, or the deadline.
-      if (tid != 0 && sched_getaffinity(tid, sizeof(proxyCpus), &proxyCpus) == 0 &&
-          !CPU_EQUAL(&proxyCpus, &one)) {
+      if (tid != 0 && sched_getaffinity(tid, sizeof(proxyCpus), &proxyCpus) == 0 && !CPU_EQUAL(&proxyCpus, &one)) {
         sawProxy = true;
         break;
       }
@@ -415,6 +399,11 @@ TEST(ProxyTest, ItsThreadLeavesACpuTheApplicationIsBoundTo) {
   EXPECT_GE(CPU_COUNT(&proxyCpus), 1);
 }
 
+// More pushers waiting than the ring and the window of tail readers hold: most wait on tailSeen in device
+// memory (FifoDeviceHandle::kTailReadersWindow) and must still each get room, in slot order, with nothing lost.
+// 4,096 GPU pushers through 4 slots move about 0.1 million triggers a second on an H200 (fifo_bench: 5.9
+// million with 32 slots, 55 with 1,024), so each pushes 40 (400 took 123-138 s there, the longest test of the
+// CUDA suite; each pusher still waits far from the front 40 times).
 TEST(ProxyTest, PushersFarFromTheFrontOfAFullRingAllGetThrough) {
   const unsigned threads = MORI_BACKEND_HOST ? 64 : 256, blocks = MORI_BACKEND_HOST ? 4 : 16;
   const uint32_t pushers = threads * blocks, perThread = MORI_BACKEND_HOST ? 25 : 40;
