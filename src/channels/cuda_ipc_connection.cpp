@@ -1,14 +1,17 @@
 // The CudaIpc connection: the copy engine moves data between this GPU's memory and a same-host peer's memory
-// mapped here, in order on the process's copy stream (HostCopyStream). On HOST the stream's worker thread plays the
-// copy engine.
+// mapped here, in order on the process's copy stream (HostCopyStream); the words of UpdateAndSync (semaphore
+// signals) are written by that stream itself after them (GpuStreamWriteValue64), or copied from a pinned
+// staging ring where the device cannot. On HOST the stream's worker thread plays the copy engine.
 #include <future>
 #include <memory>
+#include <string>
 #include <thread>
 
 #include "communicator_impl.hpp"
 #include "mori/core/atomic.hpp"
 #include "mori/channels/connection.hpp"
 #include "mori/core/device_scope.hpp"
+#include "mori/core/env.hpp"
 #include "mori/core/errors.hpp"
 #include "mori/core/gpu.hpp"
 #include "mori/core/gpu_buffer.hpp"
@@ -33,6 +36,13 @@ int ResolveDevice(int requested) {
   MORI_CHECK(device < count, ErrorCode::InvalidUsage, "CudaIpc connection on device %d, but %d device(s) exist", device,
              count);
   return device;
+}
+
+// MORI_CUDA_IPC_WORDS: whether words go by GpuStreamWriteValue64 (a device that cannot still gets copies).
+bool WordsByStream() {
+  const std::string how = EnvGetChoice("MORI_CUDA_IPC_WORDS");
+  if (how == "auto") return !MORI_BACKEND_HIP;
+  return how == "stream";
 }
 
 class CudaIpcConnection final : public Connection {
@@ -72,6 +82,19 @@ class CudaIpcConnection final : public Connection {
                static_cast<unsigned long long>(dstOffset));
     *src = newValue;
     DeviceScope scope(device_);
+    if (writeValues_) {
+      // In stream order, after every Write issued before and once their data is visible, by the GPU itself.
+      GpuStatus rc = GpuStreamWriteValue64(reinterpret_cast<uint64_t*>(to), newValue, stream_);
+      if (rc == kGpuSuccess) return;
+      if (rc != kGpuErrorNotSupported) {
+        throw GpuError(static_cast<int>(rc),
+                       StrFormat("%s: writing the word at offset %llu failed: %s", Describe().c_str(),
+                                 static_cast<unsigned long long>(dstOffset), GpuGetErrorString(rc)));
+      }
+      MORI_LOG_INFO(Proxy, "%s: device %d cannot write words from a stream; staged copies carry them",
+                    Describe().c_str(), device_);
+      writeValues_ = false;
+    }
     if (stagingInFlight_ == kStagingWords) {
       WaitStream(Deadline::Default(), "the staging ring wrapped");
       stagingInFlight_ = 0;
@@ -186,6 +209,11 @@ class CudaIpcConnection final : public Connection {
   GpuBuffer staging_;
   int nextStaging_ = 0;
   int stagingInFlight_ = 0;  // staging words handed to copies since the stream last drained
+  // Words go by GpuStreamWriteValue64 rather than a copy from the staging ring: after a copy, a second copy-engine
+  // operation took 0.2-0.8 us longer on an H200, 1.7-2.0 us under MPS (bench/experiments/signal_after_copy.cu,
+  // docs/PERF.md). MORI_CUDA_IPC_WORDS chooses; auto keeps HIP on the copies (how hipStreamWriteValue64 orders
+  // after a stream's copies is unmeasured here).
+  bool writeValues_ = WordsByStream();
 };
 
 }  // namespace

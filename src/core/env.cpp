@@ -73,6 +73,10 @@ const std::vector<EnvParamInfo>& kRegistry = *new std::vector<EnvParamInfo>{
     {"MORI_CUDA_IPC", EnvType::Choice, "auto", "auto|vmm|legacy",
      "how GPU memory is shared with same-host peers: auto (VMM file descriptors when the driver supports "
      "them, else legacy IPC handles), vmm, legacy"},
+    {"MORI_CUDA_IPC_WORDS", EnvType::Choice, "auto", "auto|stream|copy",
+     "how a CudaIpc connection writes a semaphore word after its copies (a port channel's signal): stream (the "
+     "copy stream writes it, GpuStreamWriteValue64), copy (a copy-engine copy from a pinned staging word), or "
+     "auto (stream where the device can, on CUDA and HOST; copy on HIP)"},
     {"MORI_CUDA_MAX_CONNECTIONS", EnvType::Int, "8", "",
      "CUDA_DEVICE_MAX_CONNECTIONS that mori sets when it is loaded under MPS with that variable unset (MPS "
      "clients otherwise get too few hardware work queues for the proxy's copies); 0 leaves it unset"},

@@ -332,6 +332,31 @@ TEST_P(PortChannelMp, PutWithSignalFromManyThreadsAndPoll) {
   });
 }
 
+// Over CudaIpc the signals' words are written by the copy stream itself by default; MORI_CUDA_IPC_WORDS=copy
+// (and a device that cannot) copies them from a ring of 64 pinned staging words instead. 96 signals with no
+// flush between them go round that ring once and a half (it waits for the stream when it wraps), each after
+// its piece.
+TEST_P(PortChannelMp, CopiedSignalWordsGoRoundTheirStagingRing) {
+  if (GetParam() != Transport::CudaIpc) GTEST_SKIP() << "a CudaIpc setting";
+  test::ScopedEnv words("MORI_CUDA_IPC_WORDS", "copy");
+  RunPair([](Pair& p) {
+    constexpr uint32_t kLaunches = 3;
+    p.Fill(44);
+    p.Boot().Barrier();
+    PreloadKernels(PutKernel, WaitKernel);
+    for (uint32_t i = 0; i < kLaunches; ++i) {
+      LaunchKernel(PutKernel, Dim3(kBlocks), Dim3(kThreadsPerBlock), 0, nullptr, p.Handle(), p.Rank(),
+                   uint32_t{kPutWithSignal});
+    }
+    p.Sync();
+    LaunchKernel(WaitKernel, Dim3(1), Dim3(1), 0, nullptr, p.Handle(), kLaunches * kPushers);
+    p.Sync();
+    p.ExpectPeerPieces(44, p.PeerPieces());
+    p.Boot().Barrier();
+    EXPECT_FALSE(p.ExtraSignal()) << "no signal beyond the " << kLaunches * kPushers << " sent";
+  });
+}
+
 TEST_P(PortChannelMp, AfterFlushTheDataIsAtTheTarget) {
   RunPair([](Pair& p) {
     p.Fill(33);

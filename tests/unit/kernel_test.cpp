@@ -83,6 +83,24 @@ MORI_GLOBAL void ReadAfterThePrerequisite(const uint32_t* in, uint32_t* out) {
   out[GlobalThreadIdx()] = in[GlobalThreadIdx()] + 1u;
 }
 
+// Round r (from 1): waits until the stream has written r into `word`, counts the words of `data` that do not
+// hold round r's pattern, and answers r in `answer` (host-mapped), so that the host writes the next round only then.
+MORI_GLOBAL void CheckEachRoundAfterItsWord(const uint64_t* word, const uint64_t* data, int words, int rounds,
+                                            uint64_t* answer, uint32_t* wrong, uint64_t timeoutNs) {
+  for (uint64_t r = 1; r <= static_cast<uint64_t>(rounds); ++r) {
+    SpinDeadline deadline(timeoutNs);
+    while (AtomicLoad<MemoryOrder::Acquire, Scope::System>(word) < r) {
+      MORI_DEVICE_ASSERT(!deadline.Expired(), "round %llu: the stream's word never came",
+                         static_cast<unsigned long long>(r));
+      SpinPause();
+    }
+    for (int i = 0; i < words; ++i) {
+      if (data[i] != (r << 32 | static_cast<uint64_t>(i) * 2654435761u)) ++*wrong;
+    }
+    AtomicStore<MemoryOrder::Release, Scope::System>(answer, r);
+  }
+}
+
 class Kernel : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -234,6 +252,69 @@ TEST_F(Kernel, InvalidConfigurationIsReported) {
   EXPECT_EQ(GpuGetLastError(), kGpuSuccess) << "the error is reported once";
   EXPECT_EQ(GpuDeviceSynchronize(), kGpuSuccess);
   EXPECT_EQ(GpuFree(out), kGpuSuccess);
+}
+
+// A word a stream writes (GpuStreamWriteValue64, the CudaIpc connection's signals) lands after the copies issued
+// before it on that stream, with their data visible to a kernel that sees the word: 200 rounds of a 64 KiB copy
+// then the round's number, a kernel on another stream checking every word of each round's data.
+TEST_F(Kernel, AWordAStreamWritesLandsAfterTheCopiesBeforeIt) {
+  constexpr int kWords = 8192, kRounds = 200;
+  const GpuStream copies = HostCopyStream();
+  uint64_t *word = nullptr, *data = nullptr, *answer = nullptr, *answerDev = nullptr, *staged = nullptr;
+  uint32_t* wrong = nullptr;
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&word), sizeof(uint64_t)), kGpuSuccess);
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&data), kWords * sizeof(uint64_t)), kGpuSuccess);
+  ASSERT_EQ(GpuMalloc(reinterpret_cast<void**>(&wrong), sizeof(uint32_t)), kGpuSuccess);
+  ASSERT_EQ(GpuHostAllocMapped(reinterpret_cast<void**>(&answer), sizeof(uint64_t)), kGpuSuccess);
+  ASSERT_EQ(GpuHostGetDevicePointer(reinterpret_cast<void**>(&answerDev), answer), kGpuSuccess);
+  ASSERT_EQ(GpuHostAllocMapped(reinterpret_cast<void**>(&staged), kWords * sizeof(uint64_t)), kGpuSuccess);
+  ASSERT_EQ(GpuMemset(word, 0, sizeof(uint64_t)), kGpuSuccess);
+  ASSERT_EQ(GpuMemset(data, 0, kWords * sizeof(uint64_t)), kGpuSuccess);
+  ASSERT_EQ(GpuMemset(wrong, 0, sizeof(uint32_t)), kGpuSuccess);
+  *answer = 0;
+
+  // Bad words are refused with nothing enqueued.
+  EXPECT_EQ(GpuStreamWriteValue64(nullptr, 1, copies), kGpuErrorInvalidValue);
+  (void)GpuGetLastError();
+  EXPECT_EQ(GpuStreamWriteValue64(reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(word) + 4), 1, copies),
+            kGpuErrorInvalidValue);
+  (void)GpuGetLastError();
+  const GpuStatus probe = GpuStreamWriteValue64(word, 0, copies);
+  if (probe == kGpuErrorNotSupported) GTEST_SKIP() << "this device cannot write words from a stream";
+  ASSERT_EQ(probe, kGpuSuccess);
+  ASSERT_EQ(GpuStreamSynchronize(copies), kGpuSuccess);
+
+  GpuStream stream;
+  ASSERT_EQ(GpuStreamCreate(&stream), kGpuSuccess);
+  LaunchKernel(CheckEachRoundAfterItsWord, Dim3(1), Dim3(1), 0, stream, word, data, kWords, kRounds, answerDev, wrong,
+               uint64_t{20'000'000'000});
+  ASSERT_EQ(GpuGetLastError(), kGpuSuccess);
+  bool answered = true;
+  for (uint64_t r = 1; r <= kRounds && answered; ++r) {
+    for (uint64_t i = 0; i < kWords; ++i) staged[i] = r << 32 | i * 2654435761u;
+    ASSERT_EQ(GpuMemcpyAsync(data, staged, kWords * sizeof(uint64_t), copies), kGpuSuccess);
+    ASSERT_EQ(GpuStreamWriteValue64(word, r, copies), kGpuSuccess);
+    // The kernel's answer also means the copy has read `staged`: it may be rewritten for the next round.
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (AtomicLoad<MemoryOrder::Acquire>(answer) < r && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::yield();
+    }
+    answered = AtomicLoad<MemoryOrder::Acquire>(answer) >= r;
+    EXPECT_TRUE(answered) << "round " << r << ": no answer from the kernel";
+  }
+  ASSERT_EQ(GpuStreamSynchronize(stream), kGpuSuccess);
+  uint32_t bad = 1;
+  uint64_t last = 0;
+  ASSERT_EQ(GpuMemcpy(&bad, wrong, sizeof(bad)), kGpuSuccess);
+  ASSERT_EQ(GpuMemcpy(&last, word, sizeof(last)), kGpuSuccess);
+  EXPECT_EQ(bad, 0u) << "words of a round's data had not landed when its number did";
+  EXPECT_EQ(last, uint64_t{kRounds});
+  EXPECT_EQ(GpuStreamDestroy(stream), kGpuSuccess);
+  EXPECT_EQ(GpuFree(word), kGpuSuccess);
+  EXPECT_EQ(GpuFree(data), kGpuSuccess);
+  EXPECT_EQ(GpuFree(wrong), kGpuSuccess);
+  EXPECT_EQ(GpuFreeHost(answer), kGpuSuccess);
+  EXPECT_EQ(GpuFreeHost(staged), kGpuSuccess);
 }
 
 #if MORI_BACKEND_HOST

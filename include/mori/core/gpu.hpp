@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "mori/core/device.hpp"
 #include "mori/core/errors.hpp"
@@ -23,6 +24,8 @@ using GpuStream = cudaStream_t;
 using GpuEvent = cudaEvent_t;
 constexpr GpuStatus kGpuSuccess = cudaSuccess;
 constexpr GpuStatus kGpuErrorNotReady = cudaErrorNotReady;
+constexpr GpuStatus kGpuErrorNotSupported = cudaErrorNotSupported;
+constexpr GpuStatus kGpuErrorInvalidValue = cudaErrorInvalidValue;
 
 inline GpuStatus GpuGetDeviceCount(int* n) { return cudaGetDeviceCount(n); }
 inline GpuStatus GpuSetDevice(int dev) { return cudaSetDevice(dev); }
@@ -91,6 +94,12 @@ inline const char* GpuGetErrorString(GpuStatus s) { return cudaGetErrorString(s)
 // e.g. a cubin, fatbin or PTX the driver JIT-compiles). The driver's code as a runtime code (their numbers
 // agree: 500 not found, 400 invalid handle). Defined in libmori_core.
 GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, const char* name);
+// Stores `value` in the 8-byte word `dst` (memory of the current GPU, or of a peer mapped here) in the order of
+// stream `s`: after the stream's earlier work has completed and its writes are visible (the stream's memory
+// barrier), by the GPU's front end rather than the copy engine (cuStreamWriteValue64). No host memory has to
+// hold the value until it is written. kGpuErrorNotSupported, with nothing enqueued, where the current device
+// cannot. Defined in libmori_core.
+GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s);
 
 #elif MORI_BACKEND_HIP
 
@@ -99,6 +108,8 @@ using GpuStream = hipStream_t;
 using GpuEvent = hipEvent_t;
 constexpr GpuStatus kGpuSuccess = hipSuccess;
 constexpr GpuStatus kGpuErrorNotReady = hipErrorNotReady;
+constexpr GpuStatus kGpuErrorNotSupported = hipErrorNotSupported;
+constexpr GpuStatus kGpuErrorInvalidValue = hipErrorInvalidValue;
 
 inline GpuStatus GpuGetDeviceCount(int* n) { return hipGetDeviceCount(n); }
 inline GpuStatus GpuSetDevice(int dev) { return hipSetDevice(dev); }
@@ -169,6 +180,11 @@ inline const char* GpuGetErrorString(GpuStatus s) { return hipGetErrorString(s);
 inline GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, const char* name) {
   return hipModuleGetGlobal(reinterpret_cast<hipDeviceptr_t*>(ptr), bytes, static_cast<hipModule_t>(module), name);
 }
+// As on CUDA, by hipStreamWriteValue64. mori's CudaIpc connection does not use it on HIP (its ordering after
+// the stream's copies is unmeasured here: no AMD GPU), and keeps its staged copies there.
+inline GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s) {
+  return hipStreamWriteValue64(s, dst, value, 0);
+}
 
 #else  // MORI_BACKEND_HOST
 
@@ -226,6 +242,8 @@ GpuStatus GpuGetLastError();
 const char* GpuGetErrorString(GpuStatus s);
 // HOST loads no GPU modules: always kGpuErrorNotSupported.
 GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, const char* name);
+// As on CUDA: the stream's worker stores the word (a release store) after the stream's earlier work.
+GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s);
 
 #endif
 

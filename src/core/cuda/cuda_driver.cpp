@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <thread>
@@ -52,6 +54,7 @@ const Driver& Driver::Get() {
     Load(driver.memGetAddressRange, "cuMemGetAddressRange");
     Load(driver.moduleGetGlobal, "cuModuleGetGlobal");
     Load(driver.devicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    Load(driver.streamWriteValue64, "cuStreamWriteValue64");
   });
   return driver;
 }
@@ -206,6 +209,38 @@ bool VmmFdSupported(int device) {
 }  // namespace mori::core::cuda
 
 namespace mori::core {
+
+GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s) {
+  if (dst == nullptr || reinterpret_cast<uintptr_t>(dst) % sizeof(uint64_t) != 0) return cudaErrorInvalidValue;
+  // Whether each device can, asked once: a driver before CUDA 12 lacks the attribute (unsupported here).
+  static std::array<std::atomic<int>, 64> known{};  // 0 not asked, 1 yes, 2 no
+  int device = 0;
+  cudaError_t rc = cudaGetDevice(&device);
+  if (rc != cudaSuccess) return rc;
+  const cuda::Driver* driver = nullptr;
+  try {
+    driver = &cuda::Driver::Get();
+  } catch (const Error&) {
+    return cudaErrorNotSupported;  // a driver without the entry points mori needs (logged where they are used)
+  }
+  const cuda::Driver& d = *driver;
+  if (device < 0 || device >= static_cast<int>(known.size())) return cudaErrorNotSupported;
+  int state = known[device].load(std::memory_order_relaxed);
+  if (state == 0) {
+    CUdevice dev;
+    int can = 0;
+    if (d.deviceGet(&dev, device) != CUDA_SUCCESS ||
+        d.deviceGetAttribute(&can, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev) != CUDA_SUCCESS) {
+      can = 0;
+    }
+    state = can != 0 ? 1 : 2;
+    known[device].store(state, std::memory_order_relaxed);
+  }
+  if (state != 1) return cudaErrorNotSupported;
+  CUresult r = d.streamWriteValue64(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(dst), value,
+                                    CU_STREAM_WRITE_VALUE_DEFAULT);
+  return static_cast<GpuStatus>(r);  // the driver's codes and the runtime's agree (801 not supported)
+}
 
 GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, const char* name) {
   if (ptr == nullptr || bytes == nullptr || module == nullptr || name == nullptr) return cudaErrorInvalidValue;

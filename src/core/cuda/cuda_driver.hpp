@@ -27,6 +27,7 @@ struct Driver {
   decltype(&::cuMemGetAddressRange) memGetAddressRange = nullptr;
   decltype(&::cuModuleGetGlobal) moduleGetGlobal = nullptr;
   decltype(&::cuDevicePrimaryCtxRetain) devicePrimaryCtxRetain = nullptr;
+  decltype(&::cuStreamWriteValue64) streamWriteValue64 = nullptr;
 
   // Loaded once; throws NotSupported naming the entry point the driver does not have.
   static const Driver& Get();

@@ -541,6 +541,15 @@ GpuStatus GpuMemcpyAsync(void* dst, const void* src, size_t n, GpuStream s) {
   return kGpuSuccess;
 }
 
+GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s) {
+  if (dst == nullptr || reinterpret_cast<uintptr_t>(dst) % sizeof(uint64_t) != 0) return Fail(kGpuErrorInvalidValue);
+  Resolve(s)->Enqueue([dst, value] {
+    __atomic_store_n(dst, value, __ATOMIC_RELEASE);
+    return kGpuSuccess;
+  });
+  return kGpuSuccess;
+}
+
 // Synchronous copies and sets are ordered after the default stream's earlier work, as on a GPU.
 GpuStatus GpuMemcpy(void* dst, const void* src, size_t n) {
   GpuStatus s = GpuMemcpyAsync(dst, src, n, nullptr);
