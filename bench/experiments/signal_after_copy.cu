@@ -5,7 +5,8 @@
 //                 2026-12-02)
 //   write value   cuStreamWriteValue64, the stream's own store after a memory barrier (no copy engine)
 //   data: none; 1 KiB or 8 B device to device (cudaMemcpyAsync, as the CudaIpc connection's Write); 1 KiB from
-//   host-pinned memory; 1 KiB by a copy kernel of one block launched on the same stream
+//   host-pinned memory; 1 KiB by cudaMemcpyBatchAsync, without and with cudaMemcpyFlagPreferOverlapWithCompute (the
+//   hint to leave the SMs alone); 1 KiB by a copy kernel of one block launched on the same stream
 // A block waits for the signal (one thread polls), checks that the data of that round arrived (a different
 // pattern each round, one word per thread), and answers in a host-pinned word the host thread spins on: one
 // round trip per iteration, host issue to host answer.
@@ -109,7 +110,7 @@ int main(int argc, char** argv) {
   unsigned long long* hostSrc = nullptr;
   CHECK(cudaHostAlloc(&hostSrc, kSlots * kWords * 8, cudaHostAllocDefault));
   for (int i = 0; i < kSlots * kWords; ++i) hostSrc[i] = Pattern(i / kWords, i % kWords);
-  enum Data { kNone, kDeviceKiB, kDeviceWord, kHostKiB, kKernelKiB };
+  enum Data { kNone, kDeviceKiB, kDeviceWord, kHostKiB, kKernelKiB, kBatchKiB, kBatchOverlapKiB };
   struct Mode {
     const char* name;
     bool staged;
@@ -121,6 +122,8 @@ int main(int argc, char** argv) {
                         {"write value only", false, kNone},
                         {"write value + 8 B d2d", false, kDeviceWord},
                         {"write value + 1 KiB h2d", false, kHostKiB},
+                        {"write value + 1 KiB d2d batch", false, kBatchKiB},
+                        {"write value + 1 KiB d2d batch, overlap", false, kBatchOverlapKiB},
                         {"write value + 1 KiB kernel", false, kKernelKiB}};
   for (int round = 0; round < 3; ++round) {
     for (const Mode& m : modes) {
@@ -141,6 +144,15 @@ int main(int argc, char** argv) {
           CHECK(cudaMemcpyAsync(dst, src + from, checkWords * 8, cudaMemcpyDeviceToDevice, copies));
         } else if (m.data == kHostKiB) {
           CHECK(cudaMemcpyAsync(dst, hostSrc + from, kWords * 8, cudaMemcpyHostToDevice, copies));
+        } else if (m.data == kBatchKiB || m.data == kBatchOverlapKiB) {
+          void* dsts[1] = {dst};
+          const void* srcs[1] = {src + from};
+          size_t sizes[1] = {kWords * 8};
+          cudaMemcpyAttributes attr{};
+          attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+          attr.flags = m.data == kBatchOverlapKiB ? cudaMemcpyFlagPreferOverlapWithCompute : cudaMemcpyFlagDefault;
+          size_t attrIdx = 0;
+          CHECK(cudaMemcpyBatchAsync(dsts, srcs, sizes, 1, &attr, &attrIdx, 1, copies));
         } else if (m.data == kKernelKiB) {
           CopyKernel<<<1, 128, 0, copies>>>(dst, src + from, kWords);
         }
@@ -168,12 +180,12 @@ int main(int argc, char** argv) {
       unsigned long long errs = 0;
       CHECK(cudaMemcpy(&errs, errors, 8, cudaMemcpyDeviceToHost));
       if (lost || errs != 0) {
-        std::printf("round %d  %-27s FAILED: %s, %llu data errors\n", round, m.name,
+        std::printf("round %d  %-38s FAILED: %s, %llu data errors\n", round, m.name,
                     lost ? "an answer never came" : "every answer came", errs);
         return 1;
       }
       std::sort(us.begin(), us.end());
-      std::printf("round %d  %-27s median %6.2f us  p10 %6.2f  p90 %6.2f  p99 %6.2f\n", round, m.name, us[iters / 2],
+      std::printf("round %d  %-38s median %6.2f us  p10 %6.2f  p90 %6.2f  p99 %6.2f\n", round, m.name, us[iters / 2],
                   us[iters / 10], us[iters * 9 / 10], us[iters * 99 / 100]);
     }
   }
