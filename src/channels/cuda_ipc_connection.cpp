@@ -140,7 +140,8 @@ class CudaIpcConnection final : public Connection {
   // Connect's handshake refuses any other transport on the peer's side.
   Transport GetRemoteTransport() const override { return Transport::CudaIpc; }
   std::string Describe() const override {
-    return StrFormat("CudaIpc to rank %d (rank %d, device %d, tag %d)", RemoteRank(), rank_, device_, Tag());
+    return StrFormat("CudaIpc to rank %d (rank %d, device %d, tag %d, words %s)", RemoteRank(), rank_, device_, Tag(),
+                     writeValues_ ? "written by the stream" : "copied from staging");
   }
 
  private:

@@ -201,6 +201,8 @@ class Pair {
     return service.PortChannel(sem, dst, src);
   }
 
+  const std::shared_ptr<Connection>& Conn() const { return connection_; }
+
   // Whether a signal beyond those consumed is there (consumed by a kernel's Poll: the host keeps its own counts).
   bool ExtraSignal() {
     GpuBuffer out(2 * sizeof(uint32_t), MemoryType::HostPinned);
@@ -314,6 +316,10 @@ TEST_P(PortChannelMp, PutThenSignalFromManyThreadsAndWait) {
 
 TEST_P(PortChannelMp, PutWithSignalFromManyThreadsAndPoll) {
   RunPair([](Pair& p) {
+    if (p.Conn()->GetTransport() == Transport::CudaIpc && !MORI_BACKEND_HIP) {
+      const std::string how = p.Conn()->Describe();  // the default (a device that cannot turns to copies at its first)
+      EXPECT_NE(how.find("words written by the stream"), std::string::npos) << how;
+    }
     p.Fill(22);
     GpuBuffer out(2 * sizeof(uint32_t), MemoryType::HostPinned);
     std::memset(out.Data(), 0xFF, out.Bytes());
@@ -334,12 +340,14 @@ TEST_P(PortChannelMp, PutWithSignalFromManyThreadsAndPoll) {
 
 // Over CudaIpc the signals' words are written by the copy stream itself by default; MORI_CUDA_IPC_WORDS=copy
 // (and a device that cannot) copies them from a ring of 64 pinned staging words instead. 96 signals with no
-// flush between them go round that ring once and a half (it waits for the stream when it wraps), each after
-// its piece.
+// flush between them go round that ring once and a half (it waits for the stream when it wraps); once all 96
+// are in, so is every piece, and no signal more came.
 TEST_P(PortChannelMp, CopiedSignalWordsGoRoundTheirStagingRing) {
   if (GetParam() != Transport::CudaIpc) GTEST_SKIP() << "a CudaIpc setting";
   test::ScopedEnv words("MORI_CUDA_IPC_WORDS", "copy");
   RunPair([](Pair& p) {
+    const std::string how = p.Conn()->Describe();
+    EXPECT_NE(how.find("words copied from staging"), std::string::npos) << how;
     constexpr uint32_t kLaunches = 3;
     p.Fill(44);
     p.Boot().Barrier();

@@ -183,6 +183,7 @@ inline GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, con
 // As on CUDA, by hipStreamWriteValue64. mori's CudaIpc connection does not use it on HIP (its ordering after
 // the stream's copies is unmeasured here: no AMD GPU), and keeps its staged copies there.
 inline GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s) {
+  if (dst == nullptr || reinterpret_cast<uintptr_t>(dst) % sizeof(uint64_t) != 0) return hipErrorInvalidValue;
   return hipStreamWriteValue64(s, dst, value, 0);
 }
 

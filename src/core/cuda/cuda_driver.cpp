@@ -54,7 +54,12 @@ const Driver& Driver::Get() {
     Load(driver.memGetAddressRange, "cuMemGetAddressRange");
     Load(driver.moduleGetGlobal, "cuModuleGetGlobal");
     Load(driver.devicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-    Load(driver.streamWriteValue64, "cuStreamWriteValue64");
+    // Optional: without it GpuStreamWriteValue64 answers kGpuErrorNotSupported and its callers copy instead.
+    try {
+      Load(driver.streamWriteValue64, "cuStreamWriteValue64");
+    } catch (const Error&) {
+      driver.streamWriteValue64 = nullptr;
+    }
   });
   return driver;
 }
@@ -236,7 +241,7 @@ GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s) {
     state = can != 0 ? 1 : 2;
     known[device].store(state, std::memory_order_relaxed);
   }
-  if (state != 1) return cudaErrorNotSupported;
+  if (state != 1 || d.streamWriteValue64 == nullptr) return cudaErrorNotSupported;
   CUresult r = d.streamWriteValue64(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(dst), value,
                                     CU_STREAM_WRITE_VALUE_DEFAULT);
   return static_cast<GpuStatus>(r);  // the driver's codes and the runtime's agree (801 not supported)

@@ -27,9 +27,9 @@ struct Driver {
   decltype(&::cuMemGetAddressRange) memGetAddressRange = nullptr;
   decltype(&::cuModuleGetGlobal) moduleGetGlobal = nullptr;
   decltype(&::cuDevicePrimaryCtxRetain) devicePrimaryCtxRetain = nullptr;
-  decltype(&::cuStreamWriteValue64) streamWriteValue64 = nullptr;
+  decltype(&::cuStreamWriteValue64) streamWriteValue64 = nullptr;  // optional: null where the driver lacks it
 
-  // Loaded once; throws NotSupported naming the entry point the driver does not have.
+  // Loaded once; throws NotSupported naming the entry point the driver does not have (an optional one is left null).
   static const Driver& Get();
 };
 
