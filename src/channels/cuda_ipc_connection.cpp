@@ -52,6 +52,10 @@ class CudaIpcConnection final : public Connection {
     DeviceScope scope(device_);
     stream_ = HostCopyStream(device_);
     staging_ = GpuBuffer(kStagingWords * sizeof(uint64_t), MemoryType::HostPinned);
+    if (writeValues_ && !GpuCanStreamWriteValue64(device_)) {
+      writeValues_ = false;
+      MORI_LOG_INFO(Proxy, "%s: device %d cannot write words from a stream", Describe().c_str(), device_);
+    }
   }
 
   ~CudaIpcConnection() override {
@@ -86,14 +90,9 @@ class CudaIpcConnection final : public Connection {
       // In stream order, after every Write issued before and once their data is visible, by the GPU itself.
       GpuStatus rc = GpuStreamWriteValue64(reinterpret_cast<uint64_t*>(to), newValue, stream_);
       if (rc == kGpuSuccess) return;
-      if (rc != kGpuErrorNotSupported) {
-        throw GpuError(static_cast<int>(rc),
-                       StrFormat("%s: writing the word at offset %llu failed: %s", Describe().c_str(),
-                                 static_cast<unsigned long long>(dstOffset), GpuGetErrorString(rc)));
-      }
-      MORI_LOG_INFO(Proxy, "%s: device %d cannot write words from a stream; staged copies carry them",
-                    Describe().c_str(), device_);
-      writeValues_ = false;
+      throw GpuError(static_cast<int>(rc),
+                     StrFormat("%s: writing the word at offset %llu failed: %s", Describe().c_str(),
+                               static_cast<unsigned long long>(dstOffset), GpuGetErrorString(rc)));
     }
     if (stagingInFlight_ == kStagingWords) {
       WaitStream(Deadline::Default(), "the staging ring wrapped");
@@ -213,7 +212,8 @@ class CudaIpcConnection final : public Connection {
   // Words go by GpuStreamWriteValue64 rather than a copy from the staging ring: after a copy, a second copy-engine
   // operation took 0.2-0.8 us longer on an H200, 1.7-2.0 us under MPS (bench/experiments/signal_after_copy.cu,
   // docs/PERF.md). MORI_CUDA_IPC_WORDS chooses; auto keeps HIP on the copies (how hipStreamWriteValue64 orders
-  // after a stream's copies is unmeasured here).
+  // after a stream's copies is unmeasured here). Decided once, when the connection is made: a device that cannot
+  // (GpuCanStreamWriteValue64) gets the copies.
   bool writeValues_ = WordsByStream();
 };
 

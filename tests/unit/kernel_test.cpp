@@ -294,8 +294,17 @@ TEST_F(Kernel, AWordAStreamWritesLandsAfterTheCopiesBeforeIt) {
   EXPECT_EQ(GpuStreamWriteValue64(reinterpret_cast<uint64_t*>(word.DataAs<uint8_t>() + 4), 1, copies),
             kGpuErrorInvalidValue);
   (void)GpuGetLastError();
+  // The support query answers for devices that exist only, and agrees with the call itself.
+  int device = 0, devices = 0;
+  ASSERT_EQ(GpuGetDevice(&device), kGpuSuccess);
+  ASSERT_EQ(GpuGetDeviceCount(&devices), kGpuSuccess);
+  EXPECT_FALSE(GpuCanStreamWriteValue64(-1));
+  EXPECT_FALSE(GpuCanStreamWriteValue64(devices));
   const GpuStatus probe = GpuStreamWriteValue64(word.DataAs<uint64_t>(), 0, copies);
-  if (probe == kGpuErrorNotSupported) GTEST_SKIP() << "this device cannot write words from a stream";
+  if (!GpuCanStreamWriteValue64(device)) {
+    EXPECT_EQ(probe, kGpuErrorNotSupported) << "a device that cannot must say so, with nothing enqueued";
+    GTEST_SKIP() << "device " << device << " cannot write words from a stream";
+  }
   ASSERT_EQ(probe, kGpuSuccess);
   ASSERT_EQ(GpuStreamSynchronize(copies), kGpuSuccess);
 

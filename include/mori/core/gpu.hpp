@@ -100,6 +100,10 @@ GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, const char
 // hold the value until it is written. kGpuErrorNotSupported, with nothing enqueued, where the current device
 // cannot. Defined in libmori_core.
 GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s);
+// Whether GpuStreamWriteValue64 works on `device` (the driver has cuStreamWriteValue64 and the device reports
+// CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS), asked of the driver once per device. False for a device
+// that does not exist. Defined in libmori_core.
+bool GpuCanStreamWriteValue64(int device);
 
 #elif MORI_BACKEND_HIP
 
@@ -186,6 +190,11 @@ inline GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream 
   if (dst == nullptr || reinterpret_cast<uintptr_t>(dst) % sizeof(uint64_t) != 0) return hipErrorInvalidValue;
   return hipStreamWriteValue64(s, dst, value, 0);
 }
+// As on CUDA, from hipDeviceAttributeCanUseStreamWaitValue (which gates HIP's stream memory operations).
+inline bool GpuCanStreamWriteValue64(int device) {
+  int can = 0;
+  return hipDeviceGetAttribute(&can, hipDeviceAttributeCanUseStreamWaitValue, device) == hipSuccess && can != 0;
+}
 
 #else  // MORI_BACKEND_HOST
 
@@ -245,6 +254,8 @@ const char* GpuGetErrorString(GpuStatus s);
 GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, const char* name);
 // As on CUDA: the stream's worker stores the word (a release store) after the stream's earlier work.
 GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s);
+// True for every device that exists.
+bool GpuCanStreamWriteValue64(int device);
 
 #endif
 

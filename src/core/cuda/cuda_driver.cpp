@@ -215,35 +215,37 @@ bool VmmFdSupported(int device) {
 
 namespace mori::core {
 
-GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s) {
-  if (dst == nullptr || reinterpret_cast<uintptr_t>(dst) % sizeof(uint64_t) != 0) return cudaErrorInvalidValue;
-  // Whether each device can, asked once: a driver before CUDA 12 lacks the attribute (unsupported here).
+bool GpuCanStreamWriteValue64(int device) {
+  // Asked once per device: a driver before CUDA 12 lacks the attribute (unsupported here).
   static std::array<std::atomic<int>, 64> known{};  // 0 not asked, 1 yes, 2 no
-  int device = 0;
-  cudaError_t rc = cudaGetDevice(&device);
-  if (rc != cudaSuccess) return rc;
-  const cuda::Driver* driver = nullptr;
-  try {
-    driver = &cuda::Driver::Get();
-  } catch (const Error&) {
-    return cudaErrorNotSupported;  // a driver without the entry points mori needs (logged where they are used)
-  }
-  const cuda::Driver& d = *driver;
-  if (device < 0 || device >= static_cast<int>(known.size())) return cudaErrorNotSupported;
+  if (device < 0 || device >= static_cast<int>(known.size())) return false;
   int state = known[device].load(std::memory_order_relaxed);
   if (state == 0) {
-    CUdevice dev;
     int can = 0;
-    if (d.deviceGet(&dev, device) != CUDA_SUCCESS ||
-        d.deviceGetAttribute(&can, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev) != CUDA_SUCCESS) {
-      can = 0;
+    try {
+      const cuda::Driver& d = cuda::Driver::Get();
+      CUdevice dev;
+      if (d.streamWriteValue64 == nullptr || d.deviceGet(&dev, device) != CUDA_SUCCESS ||
+          d.deviceGetAttribute(&can, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev) != CUDA_SUCCESS) {
+        can = 0;
+      }
+    } catch (const Error&) {
+      can = 0;  // a driver without the entry points mori needs (logged where they are used)
     }
     state = can != 0 ? 1 : 2;
     known[device].store(state, std::memory_order_relaxed);
   }
-  if (state != 1 || d.streamWriteValue64 == nullptr) return cudaErrorNotSupported;
-  CUresult r = d.streamWriteValue64(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(dst), value,
-                                    CU_STREAM_WRITE_VALUE_DEFAULT);
+  return state == 1;
+}
+
+GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s) {
+  if (dst == nullptr || reinterpret_cast<uintptr_t>(dst) % sizeof(uint64_t) != 0) return cudaErrorInvalidValue;
+  int device = 0;
+  cudaError_t rc = cudaGetDevice(&device);
+  if (rc != cudaSuccess) return rc;
+  if (!GpuCanStreamWriteValue64(device)) return cudaErrorNotSupported;
+  CUresult r = cuda::Driver::Get().streamWriteValue64(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(dst),
+                                                      value, CU_STREAM_WRITE_VALUE_DEFAULT);
   return static_cast<GpuStatus>(r);  // the driver's codes and the runtime's agree (801 not supported)
 }
 

@@ -550,6 +550,11 @@ GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s) {
   return kGpuSuccess;
 }
 
+bool GpuCanStreamWriteValue64(int device) {
+  int count = 0;
+  return GpuGetDeviceCount(&count) == kGpuSuccess && device >= 0 && device < count;
+}
+
 // Synchronous copies and sets are ordered after the default stream's earlier work, as on a GPU.
 GpuStatus GpuMemcpy(void* dst, const void* src, size_t n) {
   GpuStatus s = GpuMemcpyAsync(dst, src, n, nullptr);
