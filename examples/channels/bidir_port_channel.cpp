@@ -2,12 +2,14 @@
 // carries the puts over CudaIpc, an RDMA NIC or TCP), for sizes from 1 KiB up, timing each and verifying every
 // byte that arrived and every byte that should not have changed.
 //
-//   ./bidir_port_channel [--transport T] [--max-bytes SIZE] [--iters N]
+//   ./bidir_port_channel [--transport T] [--max-bytes SIZE] [--iters N] [--put-fence auto|system]
 //       one machine: forks two ranks (GPU 0 and 1, or GPU 0 twice with one GPU; two HOST PEs on HOST);
 //       T is CudaIpc (default), IB0..IB7, Tcp or Emulated
 //   ./bidir_port_channel <ip_port> <rank> <gpu_id> <transport> [--max-bytes SIZE] [--iters N]
 //       one rank of a pair that may span two machines; <ip_port> is rank 0's bootstrap address, as ip:port or
 //       interface:ip:port
+//   --put-fence system: every put's push fences at system scope, as before the channel chose the device scope
+//       for a source in its GPU's memory (auto, the default): for comparing the two
 
 #include <chrono>
 #include <cstdio>
@@ -37,6 +39,7 @@ struct Options {
   core::Transport transport = core::Transport::CudaIpc;
   uint64_t maxBytes = MORI_BACKEND_HOST ? (uint64_t{1} << 20) : (uint64_t{128} << 20);
   int iters = 0;  // 0: by size
+  bool systemFence = false;  // --put-fence system
 };
 
 // One thread: each iteration puts this rank's half and signals, then waits for the peer's; a flush at the end
@@ -99,10 +102,16 @@ bool RunRank(int rank, const std::string& root, int gpu, const Options& o, bool 
   core::SemaphoreId sem = proxy.AddSemaphore(semaphore);
   core::MemoryId remoteId = proxy.AddMemory(remote);
   core::MemoryId localId = proxy.AddMemory(local);
-  core::PortChannelDeviceHandle channel = proxy.PortChannel(sem, remoteId, localId).DeviceHandle();
+  core::PortChannel portChannel = proxy.PortChannel(sem, remoteId, localId);
+  if (o.systemFence) {
+    portChannel =
+        core::PortChannel(sem, semaphore, proxy.FifoHandle(), remoteId, localId, core::FifoOrder::AfterWrites);
+  }
+  core::PortChannelDeviceHandle channel = portChannel.DeviceHandle();
   core::PreloadKernels(BidirPutKernel);
   proxy.StartProxy();
-  std::printf("GPU %d: Preparing for tests ... (rank %d, %s)\n", gpu, rank, core::TransportName(o.transport));
+  std::printf("GPU %d: Preparing for tests ... (rank %d, %s, puts fence at %s scope)\n", gpu, rank,
+              core::TransportName(o.transport), channel.putOrder == core::FifoOrder::AfterWrites ? "system" : "device");
   std::fflush(stdout);
 
   bool ok = true;
@@ -151,8 +160,10 @@ bool RunRank(int rank, const std::string& root, int gpu, const Options& o, bool 
 
 [[noreturn]] void Usage(const char* argv0) {
   std::fprintf(stderr,
-               "usage: %s [--transport CudaIpc|IB0..IB7|Tcp|Emulated] [--max-bytes SIZE] [--iters N]\n"
-               "       %s <ip_port> <rank> <gpu_id> <transport> [--max-bytes SIZE] [--iters N]\n"
+               "usage: %s [--transport CudaIpc|IB0..IB7|Tcp|Emulated] [--max-bytes SIZE] [--iters N] "
+               "[--put-fence auto|system]\n"
+               "       %s <ip_port> <rank> <gpu_id> <transport> [--max-bytes SIZE] [--iters N] "
+               "[--put-fence auto|system]\n"
                "  ip_port: ip:port or interface:ip:port of rank 0's bootstrap; SIZE takes k, m, g suffixes\n",
                argv0, argv0);
   std::exit(2);
@@ -184,6 +195,8 @@ void ParseFlags(int argc, char** argv, int first, Options* o, bool transportAllo
     } else if (a == "--iters") {
       o->iters = std::atoi(v.c_str());
       if (o->iters <= 0) Usage(argv[0]);
+    } else if (a == "--put-fence" && (v == "auto" || v == "system")) {
+      o->systemFence = v == "system";
     } else {
       Usage(argv[0]);
     }

@@ -9,7 +9,12 @@ namespace mori::core {
 
 PortChannel::PortChannel(SemaphoreId semaphoreId, std::shared_ptr<Semaphore> semaphore, FifoDeviceHandle fifo,
                          MemoryId dst, MemoryId src)
-    : semaphoreId_(semaphoreId), semaphore_(std::move(semaphore)), fifo_(fifo), dst_(dst), src_(src) {
+    : PortChannel(semaphoreId, std::move(semaphore), fifo, dst, src, FifoOrder::AfterWrites) {}
+
+PortChannel::PortChannel(SemaphoreId semaphoreId, std::shared_ptr<Semaphore> semaphore, FifoDeviceHandle fifo,
+                         MemoryId dst, MemoryId src, FifoOrder putOrder)
+    : semaphoreId_(semaphoreId), semaphore_(std::move(semaphore)), fifo_(fifo), dst_(dst), src_(src),
+      putOrder_(putOrder) {
   MORI_CHECK(semaphore_ != nullptr, ErrorCode::InvalidUsage, "PortChannel on semaphore id %u: no semaphore (nullptr)",
              semaphoreId);
   MORI_CHECK(fifo_.triggers != nullptr, ErrorCode::InvalidUsage,
@@ -19,6 +24,10 @@ PortChannel::PortChannel(SemaphoreId semaphoreId, std::shared_ptr<Semaphore> sem
              ErrorCode::InvalidUsage,
              "PortChannel: ids semaphore %u, dst %u, src %u do not fit a request (at most %u semaphores, %u memories)",
              semaphoreId, dst, src, kMaxProxySemaphores, kMaxProxyMemories);
+  MORI_CHECK(putOrder == FifoOrder::AfterWrites || putOrder == FifoOrder::AfterDeviceWrites, ErrorCode::InvalidUsage,
+             "PortChannel on semaphore id %u: a put's order must be AfterWrites or AfterDeviceWrites (%d: a put "
+             "names data the proxy reads)",
+             semaphoreId, static_cast<int>(putOrder));
 }
 
 PortChannelDeviceHandle PortChannel::DeviceHandle() const {
@@ -28,6 +37,7 @@ PortChannelDeviceHandle PortChannel::DeviceHandle() const {
   h.semaphoreId = semaphoreId_;
   h.dst = dst_;
   h.src = src_;
+  h.putOrder = putOrder_;
   h.semaphore = semaphore_->DeviceHandle();
   h.fifo = fifo_;
   return h;

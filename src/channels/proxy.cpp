@@ -19,6 +19,7 @@
 #include "mori/core/logging.hpp"
 #include "mori/channels/port_channel.hpp"
 #include "mori/core/timeout.hpp"
+#include "registered_memory_impl.hpp"
 #include "service_thread.hpp"
 
 namespace mori::core {
@@ -300,7 +301,11 @@ mori::core::PortChannel ProxyService::PortChannel(SemaphoreId semaphore, MemoryI
   uint32_t nMem = tables_->numMemories.load(std::memory_order_acquire);
   MORI_CHECK(dst < nMem && src < nMem, ErrorCode::InvalidUsage,
              "ProxyService::PortChannel: memory ids dst %u, src %u, but %u memories were added", dst, src, nMem);
-  return mori::core::PortChannel(semaphore, GetSemaphore(semaphore), FifoHandle(), dst, src);
+  const RegisteredMemory& source = tables_->memories[src];
+  const bool gpuSource =
+      source.IsLocal() && source.IsDeviceMemory() && DeviceOfMemoryPointer(source.Data()) == Device();
+  return mori::core::PortChannel(semaphore, GetSemaphore(semaphore), FifoHandle(), dst, src,
+                                 gpuSource ? FifoOrder::AfterDeviceWrites : FifoOrder::AfterWrites);
 }
 
 uint32_t ProxyService::HandleTrigger(const ProxyTrigger& trigger) {

@@ -314,32 +314,35 @@ RegisteredMemory MakeRegisteredView(const RegisteredMemory& parent, uint64_t off
   return RegisteredMemory(std::move(v));
 }
 
-bool IsDeviceMemoryPointer(const void* ptr) {
+bool IsDeviceMemoryPointer(const void* ptr) { return DeviceOfMemoryPointer(ptr) >= 0; }
+
+int DeviceOfMemoryPointer(const void* ptr) {
 #if MORI_BACKEND_HOST
   (void)ptr;
-  return false;
+  return -1;
 #else
   if (std::optional<alloc::Record> rec = alloc::Find(ptr)) {
-    return rec->kind == alloc::AllocatorKind::CudaVmm || rec->kind == alloc::AllocatorKind::CudaMalloc ||
-           rec->kind == alloc::AllocatorKind::HipMalloc;
+    const bool device = rec->kind == alloc::AllocatorKind::CudaVmm || rec->kind == alloc::AllocatorKind::CudaMalloc ||
+                        rec->kind == alloc::AllocatorKind::HipMalloc;
+    return device ? rec->device : -1;
   }
 #if MORI_BACKEND_CUDA
   cudaPointerAttributes attr;
   if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
     (void)cudaGetLastError();  // not memory the runtime knows: plain host memory
-    return false;
+    return -1;
   }
-  return attr.type == cudaMemoryTypeDevice;
+  return attr.type == cudaMemoryTypeDevice ? attr.device : -1;
 #else
   hipPointerAttribute_t attr;
   if (hipPointerGetAttributes(&attr, ptr) != hipSuccess) {
     (void)hipGetLastError();
-    return false;
+    return -1;
   }
 #if HIP_VERSION_MAJOR >= 6
-  return attr.type == hipMemoryTypeDevice;
+  return attr.type == hipMemoryTypeDevice ? attr.device : -1;
 #else
-  return attr.memoryType == hipMemoryTypeDevice;
+  return attr.memoryType == hipMemoryTypeDevice ? attr.device : -1;
 #endif
 #endif
 #endif

@@ -109,5 +109,7 @@ RegisteredMemory MakeRegisteredView(const RegisteredMemory& parent, uint64_t off
 
 // Whether the host cannot load and store `ptr` directly (CUDA/HIP device memory; never on HOST).
 bool IsDeviceMemoryPointer(const void* ptr);
+// The GPU whose device memory holds `ptr`, or -1 for any other memory (host memory, pinned or not; HOST).
+int DeviceOfMemoryPointer(const void* ptr);
 
 }  // namespace mori::core

@@ -75,6 +75,15 @@ MORI_GLOBAL void PutKernel(PortChannelDeviceHandle channel, int rank, uint32_t m
   }
 }
 
+// Each thread writes its piece of the source with a round's pattern (plain stores), then puts it with a signal
+// at once: the push's fence (the channel's putOrder) is all that makes those stores visible to the proxy's copy.
+MORI_GLOBAL void WriteThenPutKernel(PortChannelDeviceHandle channel, uint8_t* src, int rank, uint32_t seed) {
+  unsigned t = GlobalThreadIdx();
+  Piece p = PieceOf(t, rank);
+  for (uint64_t i = 0; i < p.bytes; ++i) src[p.src + i] = test::PatternByte(rank, p.src + i, seed);
+  channel.PutWithSignal(p.dst, p.src, p.bytes);
+}
+
 // One thread consumes `n` signals.
 MORI_GLOBAL void WaitKernel(PortChannelDeviceHandle channel, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) channel.Wait();
@@ -202,6 +211,9 @@ class Pair {
   }
 
   const std::shared_ptr<Connection>& Conn() const { return connection_; }
+  const PortChannel& Channel() const { return channel_; }
+  Communicator& Comm() { return *comm_; }
+  uint8_t* Source() const { return src_.DataAs<uint8_t>(); }
 
   // Whether a signal beyond those consumed is there (consumed by a kernel's Poll: the host keeps its own counts).
   bool ExtraSignal() {
@@ -340,6 +352,52 @@ TEST_P(PortChannelMp, PutWithSignalFromManyThreadsAndPoll) {
     // The peer finished its kernel's polls too: nothing more can arrive now.
     p.Boot().Barrier();
     EXPECT_EQ(out.DataAs<uint32_t>()[1], 0u) << "Poll consumed a signal nobody sent";
+  });
+}
+
+// A channel whose source is device memory of the proxy's GPU fences its puts at device scope, any other at
+// system scope. Three launches, each writing the source with a new pattern in the kernel and putting it at
+// once; after each, the peer's target holds exactly that launch's pieces.
+TEST_P(PortChannelMp, PutsCarryWhatTheKernelJustWroteToTheSource) {
+  RunPair([](Pair& p) {
+    int device = 0;
+    ASSERT_EQ(GpuGetDevice(&device), kGpuSuccess);
+    EXPECT_EQ(p.Service().Device(), device);
+    const FifoOrder expected = MORI_BACKEND_HOST ? FifoOrder::AfterWrites : FifoOrder::AfterDeviceWrites;
+    EXPECT_EQ(p.Channel().PutOrder(), expected) << "a source in this GPU's device memory";
+    EXPECT_EQ(p.Handle().putOrder, expected);
+    {
+      // Host-pinned memory as the source: the system scope.
+      GpuBuffer pinned(4096, MemoryType::HostPinned);
+      MemoryId src = p.Service().AddMemory(p.Comm().RegisterMemory(pinned.Data(), pinned.Bytes(), Transport::Tcp));
+      PortChannel channel = p.Service().PortChannel(p.Channel().GetSemaphoreId(), 0, src);
+      EXPECT_EQ(channel.PutOrder(), FifoOrder::AfterWrites);
+      EXPECT_EQ(channel.DeviceHandle().putOrder, FifoOrder::AfterWrites);
+    }
+    PreloadKernels(WriteThenPutKernel, WaitKernel);
+    for (uint32_t launch = 0; launch < 3; ++launch) {
+      const uint32_t seed = 500 + launch;
+      p.Fill(seed);  // the host's pattern of `seed`; the kernel overwrites the pieces with that of seed + 1
+      p.Boot().Barrier();
+      LaunchKernel(WriteThenPutKernel, Dim3(kBlocks), Dim3(kThreadsPerBlock), 0, nullptr, p.Handle(), p.Source(),
+                   p.Rank(), seed + 1);
+      p.Sync();
+      LaunchKernel(WaitKernel, Dim3(1), Dim3(1), 0, nullptr, p.Handle(), kPushers);
+      p.Sync();
+      // Pieces from the kernel's pattern (seed + 1) inside the guard pattern of seed + 1000.
+      std::vector<uint8_t> expected = Pattern(kBufferBytes, p.Rank(), seed + 1000);
+      for (const Piece& piece : p.PeerPieces()) {
+        for (uint64_t i = 0; i < piece.bytes; ++i) {
+          expected[piece.dst + i] = test::PatternByte(1 - p.Rank(), piece.src + i, seed + 1);
+        }
+      }
+      std::vector<uint8_t> got = p.Target();
+      auto diff = std::mismatch(got.begin(), got.end(), expected.begin());
+      EXPECT_EQ(static_cast<size_t>(diff.first - got.begin()), got.size())
+          << "launch " << launch << ": first wrong byte of the target at offset " << diff.first - got.begin();
+      p.Boot().Barrier();
+      EXPECT_FALSE(p.ExtraSignal()) << "launch " << launch;
+    }
   });
 }
 

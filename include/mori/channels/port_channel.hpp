@@ -12,12 +12,17 @@ namespace mori::core {
 class PortChannel {
  public:
   PortChannel() = default;
+  // Puts fence with FifoOrder::AfterWrites.
   PortChannel(SemaphoreId semaphoreId, std::shared_ptr<Semaphore> semaphore, FifoDeviceHandle fifo, MemoryId dst,
               MemoryId src);
+  // Puts fence with `putOrder` (PortChannelDeviceHandle::putOrder says when AfterDeviceWrites is enough).
+  PortChannel(SemaphoreId semaphoreId, std::shared_ptr<Semaphore> semaphore, FifoDeviceHandle fifo, MemoryId dst,
+              MemoryId src, FifoOrder putOrder);
 
   PortChannelDeviceHandle DeviceHandle() const;
   SemaphoreId GetSemaphoreId() const { return semaphoreId_; }
   const std::shared_ptr<Semaphore>& GetSemaphore() const { return semaphore_; }
+  FifoOrder PutOrder() const { return putOrder_; }
 
  private:
   SemaphoreId semaphoreId_ = 0;
@@ -25,6 +30,7 @@ class PortChannel {
   FifoDeviceHandle fifo_{};
   MemoryId dst_ = 0;
   MemoryId src_ = 0;
+  FifoOrder putOrder_ = FifoOrder::AfterWrites;
 };
 
 }  // namespace mori::core

@@ -33,6 +33,8 @@ class Proxy {
 
   Fifo& GetFifo() { return *fifo_; }
   FifoDeviceHandle FifoHandle() const { return fifo_->DeviceHandle(); }
+  // The GPU whose kernels push.
+  int Device() const { return device_; }
   // Triggers handled so far (slots popped).
   uint64_t Handled() const;
 
@@ -70,6 +72,8 @@ class ProxyService : public Proxy {
   RegisteredMemory GetMemory(MemoryId id) const;
 
   // A channel whose Put copies from memory `src` (local) to `dst` (the peer's) over the semaphore's connection.
+  // Where `src` is device memory of this proxy's GPU, its puts fence at device scope (PortChannelDeviceHandle::
+  // putOrder): a kernel that writes a put's source from another GPU must not use them.
   mori::core::PortChannel PortChannel(SemaphoreId semaphore, MemoryId dst, MemoryId src);
 
  protected:
