@@ -38,7 +38,7 @@ namespace {
 struct Options {
   core::Transport transport = core::Transport::CudaIpc;
   uint64_t maxBytes = MORI_BACKEND_HOST ? (uint64_t{1} << 20) : (uint64_t{128} << 20);
-  int iters = 0;  // 0: by size
+  int iters = 0;             // 0: by size
   bool systemFence = false;  // --put-fence system
 };
 
@@ -110,8 +110,11 @@ bool RunRank(int rank, const std::string& root, int gpu, const Options& o, bool 
   core::PortChannelDeviceHandle channel = portChannel.DeviceHandle();
   core::PreloadKernels(BidirPutKernel);
   proxy.StartProxy();
+  // HIP and HOST fence every push at system scope.
+  const bool deviceFence =
+      MORI_BACKEND_CUDA && channel.OrderOf(core::kTriggerData, 1) == core::FifoOrder::AfterDeviceWrites;
   std::printf("GPU %d: Preparing for tests ... (rank %d, %s, puts fence at %s scope)\n", gpu, rank,
-              core::TransportName(o.transport), channel.putOrder == core::FifoOrder::AfterWrites ? "system" : "device");
+              core::TransportName(o.transport), deviceFence ? "device" : "system");
   std::fflush(stdout);
 
   bool ok = true;

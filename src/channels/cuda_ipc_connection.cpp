@@ -91,8 +91,9 @@ class CudaIpcConnection final : public Connection {
       GpuStatus rc = GpuStreamWriteValue64(reinterpret_cast<uint64_t*>(to), newValue, stream_);
       if (rc == kGpuSuccess) return;
       throw GpuError(static_cast<int>(rc),
-                     StrFormat("%s: writing the word at offset %llu failed: %s", Describe().c_str(),
-                               static_cast<unsigned long long>(dstOffset), GpuGetErrorString(rc)));
+                     StrFormat("%s: writing the word at offset %llu failed: %s (MORI_CUDA_IPC_WORDS=copy sends words "
+                               "as copies instead)",
+                               Describe().c_str(), static_cast<unsigned long long>(dstOffset), GpuGetErrorString(rc)));
     }
     if (stagingInFlight_ == kStagingWords) {
       WaitStream(Deadline::Default(), "the staging ring wrapped");

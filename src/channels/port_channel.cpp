@@ -13,7 +13,11 @@ PortChannel::PortChannel(SemaphoreId semaphoreId, std::shared_ptr<Semaphore> sem
 
 PortChannel::PortChannel(SemaphoreId semaphoreId, std::shared_ptr<Semaphore> semaphore, FifoDeviceHandle fifo,
                          MemoryId dst, MemoryId src, FifoOrder putOrder)
-    : semaphoreId_(semaphoreId), semaphore_(std::move(semaphore)), fifo_(fifo), dst_(dst), src_(src),
+    : semaphoreId_(semaphoreId),
+      semaphore_(std::move(semaphore)),
+      fifo_(fifo),
+      dst_(dst),
+      src_(src),
       putOrder_(putOrder) {
   MORI_CHECK(semaphore_ != nullptr, ErrorCode::InvalidUsage, "PortChannel on semaphore id %u: no semaphore (nullptr)",
              semaphoreId);
@@ -37,7 +41,7 @@ PortChannelDeviceHandle PortChannel::DeviceHandle() const {
   h.semaphoreId = semaphoreId_;
   h.dst = dst_;
   h.src = src_;
-  h.putOrder = putOrder_;
+  h.putOrder = static_cast<uint32_t>(putOrder_);
   h.semaphore = semaphore_->DeviceHandle();
   h.fifo = fifo_;
   return h;

@@ -648,6 +648,31 @@ TEST(ProxyServiceTest, TablesAreDenseBoundedAndSafeToFillWhileRunning) {
   EXPECT_THROW(PortChannel().DeviceHandle(), Error);
 }
 
+// The fence each port channel request pushes with: a flush none, a put of at least a byte what its source needs
+// (putOrder), everything else, a put or put-with-signal of no data included, the system scope; a putOrder that
+// is no order the handle knows counts as the system scope.
+TEST(PortChannelOrderTest, EachRequestFencesAsWhatItNamesNeeds) {
+  const uint32_t putWithSignal = kTriggerData | kTriggerSignal;
+  for (uint32_t given : {0u, 1u, 2u, 3u, 0xFFFFFFFFu}) {
+    PortChannelDeviceHandle h{};
+    h.putOrder = given;
+    const bool device = given == static_cast<uint32_t>(FifoOrder::AfterDeviceWrites);
+    const FifoOrder put = device ? FifoOrder::AfterDeviceWrites : FifoOrder::AfterWrites;
+    SCOPED_TRACE("putOrder " + std::to_string(given));
+    EXPECT_EQ(h.OrderOf(kTriggerFlush, 0), FifoOrder::PayloadOnly);
+    EXPECT_EQ(h.OrderOf(kTriggerData, 1), put);
+    EXPECT_EQ(h.OrderOf(kTriggerData, kMaxTriggerSize), put);
+    EXPECT_EQ(h.OrderOf(putWithSignal, 4096), put);
+    EXPECT_EQ(h.OrderOf(putWithSignal | kTriggerFlush, 8), put);
+    EXPECT_EQ(h.OrderOf(kTriggerData, 0), FifoOrder::AfterWrites) << "a put of nothing";
+    EXPECT_EQ(h.OrderOf(putWithSignal, 0), FifoOrder::AfterWrites) << "a signal with no data";
+    EXPECT_EQ(h.OrderOf(putWithSignal | kTriggerFlush, 0), FifoOrder::AfterWrites);
+    EXPECT_EQ(h.OrderOf(kTriggerSignal, 0), FifoOrder::AfterWrites);
+    EXPECT_EQ(h.OrderOf(kTriggerSignal | kTriggerFlush, 0), FifoOrder::AfterWrites);
+  }
+  EXPECT_EQ(PortChannelDeviceHandle{}.OrderOf(kTriggerData, 1), FifoOrder::AfterWrites) << "value-initialized";
+}
+
 TEST(ProxyServiceTest, RequestsItCannotServeFailTheProxyNamingThem) {
   struct Case {
     PortRequest request;

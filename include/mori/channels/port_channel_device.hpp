@@ -4,6 +4,7 @@
 // requests). Plain data; includes nothing host-only.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -19,14 +20,27 @@ struct PortChannelDeviceHandle {
   SemaphoreId semaphoreId;
   MemoryId dst;
   MemoryId src;
-  // The fence a push of a put (Put, PutWithSignal) makes before its request becomes visible to the proxy,
-  // chosen by ProxyService::PortChannel: AfterDeviceWrites where the source is device memory of the proxy's
-  // GPU, whose kernels push (the data a put names is then written by this GPU: a device-scope release makes it
-  // visible to the copy engine or NIC that reads it, 0.2 us less per push on an H200); AfterWrites
-  // otherwise, and in a handle made by value-initialization. Signal and Flush alone do not use it.
-  FifoOrder putOrder;
+  // The fence before a put of data from `src` (Put, PutWithSignal of at least a byte) is pushed: a FifoOrder,
+  // set by ProxyService::PortChannel for `src` (change both together). AfterDeviceWrites where `src` is device
+  // memory of the proxy's GPU: the pushing thread runs there, and a device-scope release makes its writes to
+  // that memory visible to the copy engine or NIC that reads it (0.2 us less per push than the system scope on
+  // an H200). AfterWrites (0) otherwise, and any other value counts as AfterWrites. This word was `reserved`
+  // before; a uint32_t still, so a handle aggregate-initialized with a 0 there keeps compiling.
+  uint32_t putOrder;
   SemaphoreDeviceHandle semaphore;
   FifoDeviceHandle fifo;
+
+  // The fence a request of `type` carrying `bytes` of data needs. A flush alone names nothing; a put of data
+  // from `src` needs its source visible (putOrder); anything else, a signal with no data included, tells the
+  // peer that whatever this thread wrote before is there (the system scope).
+  MORI_HOST_DEVICE_INLINE FifoOrder OrderOf(uint32_t type, uint64_t bytes) const {
+    if (type == kTriggerFlush) return FifoOrder::PayloadOnly;
+    const bool putOfData = (type & kTriggerData) != 0 && bytes > 0;
+    if (putOfData && putOrder == static_cast<uint32_t>(FifoOrder::AfterDeviceWrites)) {
+      return FifoOrder::AfterDeviceWrites;
+    }
+    return FifoOrder::AfterWrites;
+  }
 
 #if MORI_DEVICE_API_AVAILABLE
   // Copies local [srcOffset, + bytes) to the peer's [dstOffset, + bytes), asynchronously.
@@ -35,8 +49,13 @@ struct PortChannelDeviceHandle {
   }
   MORI_DEVICE_INLINE void Put(uint64_t offset, uint64_t bytes) { Put(offset, offset, bytes); }
 
-  // Raises the peer's semaphore once every earlier Put of this channel has landed.
+  // Raises the peer's semaphore once every earlier Put of this channel has landed, and after every write this
+  // thread made before (a system-scope release).
   MORI_DEVICE_INLINE void Signal() { Request(kTriggerSignal, 0, 0, 0); }
+
+  // Put, then the peer's semaphore raised once it and every earlier Put of this channel have landed. Of this
+  // thread's other writes it orders only the put's source (putOrder): writes the peer reads elsewhere (host
+  // memory, memory-channel stores into the peer) need Put then Signal.
 
   MORI_DEVICE_INLINE void PutWithSignal(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) {
     Request(kTriggerData | kTriggerSignal, dstOffset, srcOffset, bytes);
@@ -73,12 +92,8 @@ struct PortChannelDeviceHandle {
       bool last = chunk == bytes;
       // Only the last piece carries the signal and the flush, so they follow the whole put.
       uint32_t t = last ? type : (type & kTriggerData);
-      // A flush alone names no data; a put does (putOrder covers its source), and a signal alone tells the peer
-      // that whatever this thread wrote before is there.
-      const FifoOrder order = t == kTriggerFlush        ? FifoOrder::PayloadOnly
-                              : (t & kTriggerData) != 0 ? putOrder
-                                                        : FifoOrder::AfterWrites;
-      slot = fifo.Push(EncodePortRequest(PortRequest{t, semaphoreId, dst, src, dstOffset, srcOffset, chunk}), order);
+      slot = fifo.Push(EncodePortRequest(PortRequest{t, semaphoreId, dst, src, dstOffset, srcOffset, chunk}),
+                       OrderOf(t, chunk));
       dstOffset += chunk;
       srcOffset += chunk;
       bytes -= chunk;
@@ -88,5 +103,8 @@ struct PortChannelDeviceHandle {
 #endif
 };
 static_assert(std::is_trivially_copyable_v<PortChannelDeviceHandle>, "device handles are copied into kernels as bytes");
+static_assert(static_cast<uint32_t>(FifoOrder::AfterWrites) == 0, "a zeroed putOrder is the system scope");
+static_assert(offsetof(PortChannelDeviceHandle, putOrder) == 12 && offsetof(PortChannelDeviceHandle, semaphore) == 16,
+              "the handle's layout is that of the first release (putOrder was its reserved word)");
 
 }  // namespace mori::core

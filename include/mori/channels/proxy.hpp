@@ -73,7 +73,9 @@ class ProxyService : public Proxy {
 
   // A channel whose Put copies from memory `src` (local) to `dst` (the peer's) over the semaphore's connection.
   // Where `src` is device memory of this proxy's GPU, its puts fence at device scope (PortChannelDeviceHandle::
-  // putOrder): a kernel that writes a put's source from another GPU must not use them.
+  // putOrder), which requires the threads that push them to run on this GPU (as the FIFO's producers do): a
+  // thread on another GPU that stores into `src` over the peer link and then puts it needs the system scope,
+  // a PortChannel made with FifoOrder::AfterWrites.
   mori::core::PortChannel PortChannel(SemaphoreId semaphore, MemoryId dst, MemoryId src);
 
  protected:

@@ -102,7 +102,7 @@ GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, const char
 GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s);
 // Whether GpuStreamWriteValue64 works on `device` (the driver has cuStreamWriteValue64 and the device reports
 // CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS), asked of the driver once per device. False for a device
-// that does not exist. Defined in libmori_core.
+// that does not exist, and for ordinals from 64 up (not asked). Defined in libmori_core.
 bool GpuCanStreamWriteValue64(int device);
 
 #elif MORI_BACKEND_HIP
@@ -184,16 +184,21 @@ inline const char* GpuGetErrorString(GpuStatus s) { return hipGetErrorString(s);
 inline GpuStatus GpuModuleGetGlobal(void** ptr, size_t* bytes, void* module, const char* name) {
   return hipModuleGetGlobal(reinterpret_cast<hipDeviceptr_t*>(ptr), bytes, static_cast<hipModule_t>(module), name);
 }
+// As on CUDA, from hipDeviceAttributeCanUseStreamWaitValue (HIP documents it for its stream waits; it gates
+// the stream memory operations, writes included).
+inline bool GpuCanStreamWriteValue64(int device) {
+  int can = 0;
+  return hipDeviceGetAttribute(&can, hipDeviceAttributeCanUseStreamWaitValue, device) == hipSuccess && can != 0;
+}
 // As on CUDA, by hipStreamWriteValue64. mori's CudaIpc connection does not use it on HIP (its ordering after
 // the stream's copies is unmeasured here: no AMD GPU), and keeps its staged copies there.
 inline GpuStatus GpuStreamWriteValue64(uint64_t* dst, uint64_t value, GpuStream s) {
   if (dst == nullptr || reinterpret_cast<uintptr_t>(dst) % sizeof(uint64_t) != 0) return hipErrorInvalidValue;
+  int device = 0;
+  hipError_t rc = hipGetDevice(&device);
+  if (rc != hipSuccess) return rc;
+  if (!GpuCanStreamWriteValue64(device)) return hipErrorNotSupported;
   return hipStreamWriteValue64(s, dst, value, 0);
-}
-// As on CUDA, from hipDeviceAttributeCanUseStreamWaitValue (which gates HIP's stream memory operations).
-inline bool GpuCanStreamWriteValue64(int device) {
-  int can = 0;
-  return hipDeviceGetAttribute(&can, hipDeviceAttributeCanUseStreamWaitValue, device) == hipSuccess && can != 0;
 }
 
 #else  // MORI_BACKEND_HOST
