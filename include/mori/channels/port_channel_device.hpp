@@ -56,7 +56,6 @@ struct PortChannelDeviceHandle {
   // Put, then the peer's semaphore raised once it and every earlier Put of this channel have landed. Of this
   // thread's other writes it orders only the put's source (putOrder): writes the peer reads elsewhere (host
   // memory, memory-channel stores into the peer) need Put then Signal.
-
   MORI_DEVICE_INLINE void PutWithSignal(uint64_t dstOffset, uint64_t srcOffset, uint64_t bytes) {
     Request(kTriggerData | kTriggerSignal, dstOffset, srcOffset, bytes);
   }
