@@ -232,7 +232,7 @@ fi
 # ONLY=channels: the channel layer and the SHMEM Proxy transport alone (suites, examples, benchmarks).
 if [ "${ONLY:-}" = channels ]; then
   # Through ctest: one process per test, so forked children never inherit a CUDA context.
-  run channels_unit ctest --output-on-failure --timeout 120 -R '^(FifoTest|Packets|PortChannelOrderTest|ProducerTrapTest|ProxyServiceTest|ProxyTest|ProxyTriggerTest|RegisteredMemoryWire|TcpListener|TcpOptions|TcpRegistry|TcpWire|Transport|TransportFlags)\.'
+  run channels_unit ctest --output-on-failure --timeout 120 -R '^(FifoTest|Packets|PortChannelOrderTest|ProducerTrapTest|ProxyServiceTest|ProxyTest|ProxyTriggerTest|RegisteredMemoryWire|TcpListener|TcpOptions|TcpReceiver|TcpRegistry|TcpWire|Transport|TransportFlags)\.'
   run channels_mp ctest --output-on-failure --timeout 120 -R '^(CommunicatorMp|MemoryChannelMp|TcpLinkMp|TcpLoopbackMp|TcpTwoHosts|Transports/ConnectEachTransport|Transports/PortChannelMp|Transports/RdmaConnectionMp)\.'
   run shmem_single_proxy ctest --output-on-failure --timeout 200 -R 'ShmemSingleTest.Proxy|ShmemPairTest.*proxy_'
   for conn in tcp rdma; do
