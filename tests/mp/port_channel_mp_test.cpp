@@ -84,6 +84,9 @@ MORI_GLOBAL void WriteThenPutKernel(PortChannelDeviceHandle channel, uint8_t* sr
   channel.PutWithSignal(p.dst, p.src, p.bytes);
 }
 
+// One thread: returns once every earlier put of the channel is complete, its source no longer read.
+MORI_GLOBAL void FlushKernel(PortChannelDeviceHandle channel) { channel.Flush(); }
+
 // One thread consumes `n` signals.
 MORI_GLOBAL void WaitKernel(PortChannelDeviceHandle channel, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) channel.Wait();
@@ -358,7 +361,9 @@ TEST_P(PortChannelMp, PutWithSignalFromManyThreadsAndPoll) {
 
 // A channel whose source is device memory of the proxy's GPU fences its puts at device scope, any other at
 // system scope. Three launches, each writing the source with a new pattern in the kernel and putting it at
-// once; after each, the peer's target holds exactly that launch's pieces.
+// once; after each, the peer's target holds exactly that launch's pieces. Each side flushes its channel before
+// the next launch rewrites its source: the peer's signals say the data arrived, not that this side's
+// connection (TCP's sender threads) stopped reading it.
 TEST_P(PortChannelMp, PutsCarryWhatTheKernelJustWroteToTheSource) {
   RunPair([](Pair& p) {
     int device = 0;
@@ -389,7 +394,7 @@ TEST_P(PortChannelMp, PutsCarryWhatTheKernelJustWroteToTheSource) {
       }
       EXPECT_EQ(GpuFree(raw), kGpuSuccess);
     }
-    PreloadKernels(WriteThenPutKernel, WaitKernel);
+    PreloadKernels(WriteThenPutKernel, WaitKernel, FlushKernel);
     for (uint32_t launch = 0; launch < 3; ++launch) {
       const uint32_t seed = 500 + launch;
       p.Fill(seed);  // the host's pattern of `seed`; the kernel overwrites the pieces with that of seed + 1
@@ -398,6 +403,8 @@ TEST_P(PortChannelMp, PutsCarryWhatTheKernelJustWroteToTheSource) {
                    p.Rank(), seed + 1);
       p.Sync();
       LaunchKernel(WaitKernel, Dim3(1), Dim3(1), 0, nullptr, p.Handle(), kPushers);
+      p.Sync();
+      LaunchKernel(FlushKernel, Dim3(1), Dim3(1), 0, nullptr, p.Handle());
       p.Sync();
       SCOPED_TRACE("launch " + std::to_string(launch));
       p.ExpectPeerPieces(seed, p.PeerPieces(), seed + 1);  // the kernel's pattern, not the host's
