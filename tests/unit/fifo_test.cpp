@@ -56,6 +56,18 @@ TEST(ProxyTriggerTest, LayoutIsFixed) {
   EXPECT_EQ(TriggerLapBit(7, 4), 0u);
   EXPECT_EQ(TriggerLapBit(8, 4), kTriggerLapBit);
   EXPECT_EQ(TriggerLapBit((uint64_t{1} << 40) + 1, 2), kTriggerLapBit);
+  // Every FIFO size there may be, around every lap boundary of the first laps and of late ones (the slot
+  // counter never wraps): the parity of slot / size, which the bit test replaced.
+  for (uint32_t size = 2; size != 0 && size <= (1u << 24); size <<= 1) {
+    for (uint64_t lap : {uint64_t{0}, uint64_t{1}, uint64_t{2}, uint64_t{3}, (uint64_t{1} << 40) / size + 1,
+                         (uint64_t{1} << 62) / size - 1}) {
+      for (uint64_t slot = lap * size - (lap > 0 ? 2 : 0); slot < (lap + 1) * size + 2; ++slot) {
+        if (slot >= lap * size + 3 && slot + 3 < (lap + 1) * size) slot = (lap + 1) * size - 3;  // the edges only
+        const uint64_t want = ((slot / size) % 2 == 0) ? kTriggerLapBit : 0u;
+        ASSERT_EQ(TriggerLapBit(slot, size), want) << "slot " << slot << " in a FIFO of " << size << " slots";
+      }
+    }
+  }
 }
 
 // Aliases: nvcc's host pass rewrites a member-pointer declarator with parentheses that -Wparentheses rejects.

@@ -21,10 +21,12 @@ static_assert(std::is_trivially_copyable_v<ProxyTrigger>, "triggers are copied a
 constexpr unsigned kTriggerLapBitShift = 63;
 constexpr uint64_t kTriggerLapBit = uint64_t{1} << kTriggerLapBitShift;
 
-// The lap-parity value a trigger in `slot` carries (slot counts from 0 and never wraps). Lap 0 carries 1, so
-// the zeroed memory of a new FIFO reads as empty.
+// The lap-parity value a trigger in `slot` carries (slot counts from 0 and never wraps; fifoSize is a power
+// of two, as Fifo requires). Lap 0 carries 1, so the zeroed memory of a new FIFO reads as empty. The lap's
+// parity is the slot's bit of weight fifoSize: a division by the size, which the compiler cannot see is a
+// power of two, cost every push a 64-bit division routine on the GPU after its claim.
 MORI_HOST_DEVICE_INLINE constexpr uint64_t TriggerLapBit(uint64_t slot, uint32_t fifoSize) {
-  return (((slot / fifoSize) & 1u) ^ 1u) << kTriggerLapBitShift;
+  return uint64_t{(slot & fifoSize) == 0} << kTriggerLapBitShift;
 }
 
 // ---- the port channel request ----
