@@ -106,8 +106,9 @@ struct FifoDeviceHandle {
     uint64_t first = AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(head, static_cast<uint64_t>(n));
     if (MORI_UNLIKELY(first + n > seen + size)) {
       // The wait gets the handle and up to kSlotsByValue triggers by value: taking their addresses here (a
-      // member call) kept them in local memory for every push, ten stores before the claim and a block-scope
-      // fence before the release (about 100 SM cycles of a 1,600-cycle push, push_overlap on an H200).
+      // member call) kept them in local memory for every push, ten local stores before the claim and a
+      // block-scope fence before the release. Small on an H200 (15-26 of about 1,560 SM cycles in
+      // bench/experiments/push_overlap.cu), but the fast path now touches no local memory at all.
       const ProxyTrigger none{0, 0};
       WaitForRoomThenWrite(*this, first, n, items[0], n > 1 ? items[1] : none, n > 2 ? items[2] : none,
                            n > kSlotsByValue ? items : nullptr, order);
