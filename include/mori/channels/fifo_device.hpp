@@ -106,9 +106,9 @@ struct FifoDeviceHandle {
     uint64_t first = AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(head, static_cast<uint64_t>(n));
     if (MORI_UNLIKELY(first + n > seen + size)) {
       // The wait gets the handle and up to kSlotsByValue triggers by value: taking their addresses here (a
-      // member call) kept them in local memory for every push, ten local stores before the claim and a
-      // block-scope fence before the release. Small on an H200 (15-26 of about 1,560 SM cycles in
-      // bench/experiments/push_overlap.cu), but the fast path now touches no local memory at all.
+      // member call) kept them in local memory for every push, ten local stores before the claim. Small on an
+      // H200 (15-26 of about 1,560 SM cycles in bench/experiments/push_overlap.cu), but the fast path now
+      // touches no local memory.
       const ProxyTrigger none{0, 0};
       WaitForRoomThenWrite(*this, first, n, items[0], n > 1 ? items[1] : none, n > 2 ? items[2] : none,
                            n > kSlotsByValue ? items : nullptr, order);
@@ -119,10 +119,12 @@ struct FifoDeviceHandle {
     return first;
   }
 
-  // How many triggers of a push reach WaitForRoomThenWrite in registers; a longer push passes its array.
+  // How many triggers of a push WaitForRoomThenWrite takes as by-value arguments; a longer push passes its
+  // array.
   static constexpr uint32_t kSlotsByValue = 3;
 
-  // WaitForRoom for `fifo`, then the slots written: items[0, n) when `items` is given, else t0, t1, t2.
+  // WaitForRoom for `fifo`, then the slots written: items[0, n) when `items` is given, else the first n of
+  // t0, t1, t2.
   MORI_DEVICE_NOINLINE static void WaitForRoomThenWrite(FifoDeviceHandle fifo, uint64_t first, uint32_t n,
                                                         ProxyTrigger t0, ProxyTrigger t1, ProxyTrigger t2,
                                                         const ProxyTrigger* items, FifoOrder order) {
