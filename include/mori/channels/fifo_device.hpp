@@ -105,31 +105,12 @@ struct FifoDeviceHandle {
     const uint64_t seen = AtomicLoad<MemoryOrder::Relaxed, Scope::Device>(tailSeen);
     uint64_t first = AtomicFetchAdd<MemoryOrder::Relaxed, Scope::Device>(head, static_cast<uint64_t>(n));
     if (MORI_UNLIKELY(first + n > seen + size)) {
-      // The wait gets the handle and up to kSlotsByValue triggers by value: taking their addresses here (a
-      // member call) kept them in local memory for every push, ten local stores before the claim. Small on an
-      // H200 (15-26 of about 1,560 SM cycles in bench/experiments/push_overlap.cu), but the fast path now
-      // touches no local memory.
-      const ProxyTrigger none{0, 0};
-      WaitForRoomThenWrite(*this, first, n, items[0], n > 1 ? items[1] : none, n > 2 ? items[2] : none,
-                           n > kSlotsByValue ? items : nullptr, order);
+      WaitForRoom(first, n, items, order);  // writes the slots
     } else {
       Write(items, first, n, order);
     }
 #endif
     return first;
-  }
-
-  // How many triggers of a push WaitForRoomThenWrite takes as by-value arguments; a longer push passes its
-  // array.
-  static constexpr uint32_t kSlotsByValue = 3;
-
-  // WaitForRoom for `fifo`, then the slots written: items[0, n) when `items` is given, else the first n of
-  // t0, t1, t2.
-  MORI_DEVICE_NOINLINE static void WaitForRoomThenWrite(FifoDeviceHandle fifo, uint64_t first, uint32_t n,
-                                                        ProxyTrigger t0, ProxyTrigger t1, ProxyTrigger t2,
-                                                        const ProxyTrigger* items, FifoOrder order) {
-    const ProxyTrigger held[kSlotsByValue] = {t0, t1, t2};
-    fifo.WaitForRoom(first, n, items != nullptr ? items : held, order);
   }
 
   // The fence `order` asks for, then the slots [first, first + n): a release fence and relaxed slot stores
