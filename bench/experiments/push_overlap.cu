@@ -106,11 +106,6 @@ __device__ __noinline__ uint64_t Push(uint4* ring, uint64_t* head, const uint64_
   return first;
 }
 
-template <int V, bool kSys>
-__device__ uint64_t PushOne(uint4* ring, uint64_t* head, const uint64_t* tailSeen, const uint32_t* zero, uint64_t value) {
-  return Push<V, kSys>(ring, head, tailSeen, zero, value);
-}
-
 // Step costs: iters pushes, each after (optionally) a 16-byte store to device memory, clock64 around the push.
 template <int V, bool kSys>
 __global__ void CyclesKernel(uint4* ring, uint64_t* head, const uint64_t* tailSeen, uint4* scratch, bool storeBefore,
@@ -121,7 +116,7 @@ __global__ void CyclesKernel(uint4* ring, uint64_t* head, const uint64_t* tailSe
   for (uint32_t i = 0; i < iters; ++i) {
     if (storeBefore) scratch[i & 255] = make_uint4(i, i + 1, i + 2, i + 3);
     long long t0 = clock64();
-    uint64_t f = PushOne<V, kSys>(ring, head, tailSeen, &zero, (1ull << 62) | i);
+    uint64_t f = Push<V, kSys>(ring, head, tailSeen, &zero, (1ull << 62) | i);
     long long t1 = clock64();
     if (f == ~0ull) scratch[0].x = 0;
     cycles[i] = static_cast<uint64_t>(t1 - t0);
@@ -143,7 +138,7 @@ __global__ void RoundTripKernel(uint4* ring, uint64_t* head, const uint64_t* tai
     if (storeBefore) scratch[i & 255] = make_uint4(i, i + 1, i + 2, i + 3);
     uint64_t t0;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    PushOne<V, kSys>(ring, head, tailSeen, &zero, value);
+    Push<V, kSys>(ring, head, tailSeen, &zero, value);
     uint64_t a = 0, t1 = 0;
     for (uint64_t spins = 0;; ++spins) {
       asm volatile("ld.acquire.sys.u64 %0, [%1];" : "=l"(a) : "l"(answer) : "memory");
