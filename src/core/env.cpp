@@ -24,6 +24,11 @@ const std::vector<EnvParamInfo>& kRegistry = *new std::vector<EnvParamInfo>{
     {"MORI_TIMEOUT_S", EnvType::Int, "120", "",
      "seconds (1 to 2592000, 30 days) any wait on another process, thread or device may take before it fails "
      "naming what it awaited"},
+    {"MORI_BOOTSTRAP_JOIN_TIMEOUT_S", EnvType::Int, "", "",
+     "seconds (1 to 2592000) the bootstrap's join may take: rank 0 waiting for every rank to register, a rank "
+     "waiting for rank 0 and the address table. Ranks of a job can start far apart (a loaded node, a slow "
+     "container) while MORI_TIMEOUT_S stays short to notice a dead peer soon. Unset: the bootstrap's own bound "
+     "(MORI_TIMEOUT_S)"},
     {"MORI_BOOTSTRAP_MAX_PENDING", EnvType::Size, "2g", "",
      "bytes of bootstrap messages from other ranks that a rank holds before it receives them; a peer that sends "
      "more is dropped with an error naming it"},
@@ -223,14 +228,24 @@ std::vector<std::string> UnknownMoriEnvVars() {
   return unknown;
 }
 
-double TimeoutSeconds() {
-  int64_t s = EnvGetInt("MORI_TIMEOUT_S");
+namespace {
+
+double BoundedSeconds(const char* name) {
+  int64_t s = EnvGetInt(name);
   // The bound keeps every deadline made from it (host clocks and the kernels' nanosecond counters) far from
   // overflow; a wait of 30 days is as good as none.
   MORI_CHECK(s > 0 && s <= kMaxTimeoutS, ErrorCode::InvalidUsage,
-             "MORI_TIMEOUT_S=%lld must be a number of seconds in [1, %lld] (30 days)", static_cast<long long>(s),
+             "%s=%lld must be a number of seconds in [1, %lld] (30 days)", name, static_cast<long long>(s),
              static_cast<long long>(kMaxTimeoutS));
   return static_cast<double>(s);
+}
+
+}  // namespace
+
+double TimeoutSeconds() { return BoundedSeconds("MORI_TIMEOUT_S"); }
+
+double BootstrapJoinTimeoutSeconds(double fallback) {
+  return EnvIsSet("MORI_BOOTSTRAP_JOIN_TIMEOUT_S") ? BoundedSeconds("MORI_BOOTSTRAP_JOIN_TIMEOUT_S") : fallback;
 }
 
 }  // namespace mori::core

@@ -244,6 +244,7 @@ class SocketBootstrap::Impl {
     std::lock_guard<std::mutex> lock(mutex_);
     MORI_CHECK(!initialized_, ErrorCode::InvalidUsage, "SocketBootstrap::Initialize called twice");
     timeout_ = timeoutSeconds > 0 ? timeoutSeconds : mori::core::TimeoutSeconds();
+    joinTimeout_ = mori::core::BootstrapJoinTimeoutSeconds(timeout_);
     UniqueIdLayout l = DecodeId(id);
     nonce_ = l.nonce;
     net::SocketAddress root = net::SocketAddress::FromWire(l.root);
@@ -260,7 +261,13 @@ class SocketBootstrap::Impl {
     if (rank_ == 0) {
       RegisterAsRoot(root);
     } else {
-      RegisterWithRoot(root, ifname);
+      try {
+        RegisterWithRoot(root, ifname);
+      } catch (const TimeoutError& e) {
+        throw TimeoutError(StrFormat("rank %d: %s (the join's bound: MORI_BOOTSTRAP_JOIN_TIMEOUT_S, else "
+                                     "MORI_TIMEOUT_S)",
+                                     rank_, e.what()));
+      }
     }
     initialized_ = true;
     MORI_LOG_INFO(Bootstrap, "bootstrap up: rank %d of %d, listening at %s, root %s", rank_, nRanks_,
@@ -384,7 +391,7 @@ class SocketBootstrap::Impl {
     if (!listener_) listener_ = net::Listen(listenAddr_);
     net::SetNonBlocking(listener_.Get(), true);
 
-    Deadline deadline = Deadline::After(timeout_);
+    Deadline deadline = Deadline::After(joinTimeout_);
     std::vector<bool> seen(static_cast<size_t>(nRanks_), false);
     seen[0] = true;
     int count = 1;
@@ -407,9 +414,10 @@ class SocketBootstrap::Impl {
           if (!seen[static_cast<size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
         }
         std::string reason = StrFormat(
-            "bootstrap root (rank 0 at %s) waited %.0f s; rank(s) %s of %d never registered "
-            "(not started, crashed, or given another root address?)",
-            listenAddr_.ToString().c_str(), timeout_, missing.c_str(), nRanks_);
+            "bootstrap root (rank 0 at %s) waited %.0f s (the join's bound: MORI_BOOTSTRAP_JOIN_TIMEOUT_S, else "
+            "MORI_TIMEOUT_S); rank(s) %s of %d never registered (not started, crashed, or given another root "
+            "address?)",
+            listenAddr_.ToString().c_str(), joinTimeout_, missing.c_str(), nRanks_);
         if (!refusedRegistrations_.empty()) {
           reason += StrFormat(
               "; refused meanwhile, for a job nonce not this job's (ranks given different "
@@ -477,7 +485,7 @@ class SocketBootstrap::Impl {
   }
 
   void RegisterWithRoot(const net::SocketAddress& root, const std::string& ifname) {
-    Deadline deadline = Deadline::After(timeout_);
+    Deadline deadline = Deadline::After(joinTimeout_);
     net::SocketAddress local = ifname.empty() ? net::LocalAddressToward(root) : net::InterfaceAddressOf(ifname);
     local.SetPort(0);
     listenAddr_ = local;
@@ -811,6 +819,7 @@ class SocketBootstrap::Impl {
   int rank_;
   int nRanks_;
   double timeout_ = 0;
+  double joinTimeout_ = 0;  // registering with the root and waiting for the address table
   bool initialized_ = false;
   uint64_t nonce_ = 0;
   int collSeq_ = 0;

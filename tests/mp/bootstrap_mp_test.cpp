@@ -176,6 +176,58 @@ TEST(BootstrapFailures, ARootThatNeverComesTimesOut) {
   EXPECT_EQ(code, ErrorCode::Timeout);
 }
 
+// MORI_BOOTSTRAP_JOIN_TIMEOUT_S bounds the join alone: a rank that starts 2.5 s after the others joins a job
+// whose bound is 1 s, and the waits after the join keep that 1 s (rank 1 gives up on rank 2, alive but silent,
+// after 1 s, not after the join's 30).
+TEST(BootstrapFailures, ALateRankJoinsWithinTheJoinBoundWhileLaterWaitsKeepTheirs) {
+  const std::string root = LoopbackRoot();
+  auto outcomes = RunProcesses(3, [&](int rank) {
+    setenv("MORI_BOOTSTRAP_JOIN_TIMEOUT_S", "30", 1);
+    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    SocketBootstrap b(rank, 3);
+    b.Initialize(root, 1);
+    EXPECT_DOUBLE_EQ(b.TimeoutSeconds(), 1.0);
+    auto all = b.AllGatherValue(rank * 7 + 3);
+    for (int r = 0; r < 3; ++r) EXPECT_EQ(all[r], r * 7 + 3) << "slot of rank " << r;
+    if (rank == 1) {
+      int v = 0;
+      ErrorCode code{};
+      const auto start = std::chrono::steady_clock::now();
+      ThrowsMentioning([&] { b.Recv(&v, sizeof(v), 2, 5); }, "rank 1 waited 1 s for a", &code);
+      EXPECT_EQ(code, ErrorCode::Timeout);
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3)) << "the join's bound was used";
+    } else {
+      std::this_thread::sleep_for(std::chrono::seconds(5));  // alive and silent until rank 1 gave up
+    }
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
+}
+
+// A join that outlasts MORI_BOOTSTRAP_JOIN_TIMEOUT_S fails at that bound, naming the variable, though the
+// bootstrap's own bound is 60 s.
+TEST(BootstrapFailures, AJoinPastItsBoundNamesTheVariable) {
+  const std::string root = LoopbackRoot();
+  auto outcomes = RunProcesses(3, [&](int rank) {
+    if (rank == 2) return 0;  // never starts its bootstrap
+    setenv("MORI_BOOTSTRAP_JOIN_TIMEOUT_S", rank == 0 ? "1" : "2", 1);
+    SocketBootstrap b(rank, 3);
+    ErrorCode code{};
+    const auto start = std::chrono::steady_clock::now();
+    if (rank == 0) {
+      ThrowsMentioning([&] { b.Initialize(root, 60); }, "MORI_BOOTSTRAP_JOIN_TIMEOUT_S, else MORI_TIMEOUT_S); "
+                       "rank(s) 2 of 3 never registered", &code);
+      EXPECT_EQ(code, ErrorCode::Timeout);
+    } else {
+      // Told by the root when it gave up, or at its own 2 s if that comes first.
+      ThrowsMentioning([&] { b.Initialize(root, 60); }, "bootstrap root", &code);
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+    return 0;
+  });
+  test::ExpectAllSucceed(outcomes);
+}
+
 TEST(BootstrapFailures, APeerThatDiesIsNamed) {
   const std::string root = LoopbackRoot();
   auto outcomes = RunProcesses(3, [&](int rank) {

@@ -73,6 +73,29 @@ TEST(Env, TimeoutAboveThirtyDaysIsRefused) {
   }
 }
 
+// The join's bound: the caller's fallback when unset, else the variable, with the same range as MORI_TIMEOUT_S.
+TEST(Env, BootstrapJoinTimeoutFallsBackAndIsChecked) {
+  {
+    ScopedEnv j("MORI_BOOTSTRAP_JOIN_TIMEOUT_S", nullptr);
+    EXPECT_DOUBLE_EQ(BootstrapJoinTimeoutSeconds(7.5), 7.5);
+  }
+  {
+    ScopedEnv j("MORI_BOOTSTRAP_JOIN_TIMEOUT_S", "600");
+    EXPECT_DOUBLE_EQ(BootstrapJoinTimeoutSeconds(7.5), 600.0);
+  }
+  for (const char* bad : {"0", "-3", "2592001"}) {
+    ScopedEnv j("MORI_BOOTSTRAP_JOIN_TIMEOUT_S", bad);
+    try {
+      BootstrapJoinTimeoutSeconds(7.5);
+      FAIL() << "no error for MORI_BOOTSTRAP_JOIN_TIMEOUT_S=" << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.Code(), ErrorCode::InvalidUsage);
+      EXPECT_NE(std::string(e.what()).find(std::string("MORI_BOOTSTRAP_JOIN_TIMEOUT_S=") + bad), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST(Env, DeadlinesOfHugeOrInvalidSpansDoNotOverflow) {
   for (double s : {1e12, 1e300, std::numeric_limits<double>::infinity(), std::nan("")}) {
     const Deadline d = Deadline::After(s);

@@ -46,5 +46,7 @@ std::vector<std::string> UnknownMoriEnvVars();
 // The bound on every wait that could hang (MORI_TIMEOUT_S), in seconds: 1 to kMaxTimeoutS, else InvalidUsage.
 constexpr int64_t kMaxTimeoutS = 30LL * 24 * 3600;
 double TimeoutSeconds();
+// The bound on a bootstrap's join (MORI_BOOTSTRAP_JOIN_TIMEOUT_S, same range), or `fallback` when it is unset.
+double BootstrapJoinTimeoutSeconds(double fallback);
 
 }  // namespace mori::core
