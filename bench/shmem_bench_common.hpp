@@ -33,12 +33,14 @@ struct Options {
   unsigned signalThreads = 0;  // per block, block-scope put-with-signal ping-pong
   int iters = 0;               // 0: the per-benchmark default below
   int warmup = -1;             // -1: a tenth of the iterations
+  int reps = 0;                // timed runs of every put_bw measurement, the best reported; 0: PutBwReps's default
   std::string csv;
 };
 
 inline const char* Usage() {
   return "usage: mpirun -np 2 PROGRAM [put_bw|put_bw_warp|p_latency|signal_latency|all] [--min SIZE] [--max SIZE]\n"
-         "           [--blocks N,N,...] [--threads N] [--signal-threads N] [--iters N] [--warmup N] [--csv FILE]\n"
+         "           [--blocks N,N,...] [--threads N] [--signal-threads N] [--iters N] [--warmup N] [--reps N]\n"
+         "           [--csv FILE]\n"
          "  Defaults: --min 1k --max 256m --blocks 1,8,32,132 --threads 1024 --signal-threads 512\n"
          "  (HOST backend: --max 1m --blocks 1,2,4 --threads 4 --signal-threads 4).\n"
          "  SIZE takes k, m, g suffixes (powers of 1024). PE 0 initiates, PE 1 is the target.\n"
@@ -46,7 +48,8 @@ inline const char* Usage() {
          "  put_bw_warp: the same with every warp of those blocks putting its slice (warp scope).\n"
          "  p_latency: single-value put ping-pong; signal_latency: put-with-signal ping-pong, 8 B / 4 KiB / 64 KiB,\n"
          "  thread, warp and block scope.\n"
-         "  --iters: iterations of every measurement (default: by size, see shmem_bench_common.hpp).\n";
+         "  --iters: iterations of every measurement (default: by size, see shmem_bench_common.hpp).\n"
+         "  --reps: timed runs of every put_bw measurement, the fastest reported (default 3; HOST backend 1).\n";
 }
 
 [[noreturn]] inline void UsageError(const std::string& what) {
@@ -125,6 +128,8 @@ inline Options ParseOptions(int argc, char** argv, Machine m) {
     } else if (a == "--warmup") {
       std::string v = value();
       o.warmup = v == "0" ? 0 : static_cast<int>(ParsePositive(v, "--warmup"));
+    } else if (a == "--reps") {
+      o.reps = static_cast<int>(ParsePositive(value(), "--reps"));
     } else if (a == "--csv") {
       o.csv = value();
     } else if (a == "-h" || a == "--help") {
@@ -189,6 +194,12 @@ inline int PutBwIters(const Options& o, Machine m, size_t size) {
   const int lo = m.hostThreads ? 3 : 10, hi = m.hostThreads ? 50 : 1000;
   return std::clamp(static_cast<int>(budget / static_cast<double>(size)), lo, hi);
 }
+
+// Timed runs of a put_bw measurement; the fastest is reported. One copy kernel launched again and again on an
+// H200 alternates between two rates at 2 and 4 MiB, run by run (1,560 / 1,705 GB/s; 1,655 / 1,835 GB/s, 32 blocks,
+// nothing launched between: bench/experiments/warp_slice_copy.cu, docs/PERF.md 2026-12-02 sixth session), so a
+// single run lands on either, and a ratio of two programs' single runs swings by 9-21% with it.
+inline int PutBwReps(const Options& o, Machine m) { return o.reps > 0 ? o.reps : (m.hostThreads ? 1 : 3); }
 
 // Ping-pong iterations: fewer for large messages (a thread-scope 64 KiB put is one thread's copy).
 inline int LatencyIters(const Options& o, Machine m, size_t size) {

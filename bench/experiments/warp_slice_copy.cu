@@ -1,0 +1,141 @@
+// Why does NVSHMEM's warp put reach 1.86-1.89 TB/s at 1-2 MiB in some whole-job rounds (32 blocks of 1,024
+// threads, each warp putting its 1-2 KiB slice again and again), above mori's 1.65-1.79? Its warp copy (SASS of
+// nvshmem_bench) is one 16-byte load and one store per lane per pass, one vector in flight; mori's CopyVectors
+// issues up to four loads before its stores. Here, in one process, the benchmark's shape without any put around
+// it: the grid's warps (or blocks) copy their slices of `size` bytes `iters` times, by
+//   mori     mori::core::CopyVectors<uint32_t> (the tree's copy)
+//   simple   for (i = lane; i < count; i += 32) d[i] = s[i]  (NVSHMEM's shape)
+//   nc       the simple loop with ld.global.nc loads
+// GB/s of `size * iters`, five rounds alternating. Every copy is checked word by word. Not part of the build:
+//   nvcc -O3 -arch=sm_90 -std=c++17 --expt-relaxed-constexpr -Iinclude -Ibuild-cuda/include \
+//     -o warp_slice_copy bench/experiments/warp_slice_copy.cu && ./warp_slice_copy
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "check.cuh"
+#include "mori/core/copy.hpp"
+
+using mori::core::Vec16;
+
+enum Variant : int { kMori, kSimple, kNc, kVariants };
+const char* kNames[kVariants] = {"mori", "simple", "nc"};
+
+template <int V>
+__device__ __forceinline__ void CopySlice(Vec16* d, const Vec16* s, uint32_t count, uint32_t rank, uint32_t n) {
+  if (V == kMori) {
+    mori::core::CopyVectors<uint32_t>(d, s, count, rank, n);
+  } else if (V == kSimple) {
+    for (uint32_t i = rank; i < count; i += n) d[i] = s[i];
+  } else {
+    for (uint32_t i = rank; i < count; i += n) d[i] = __ldg(&s[i]);
+  }
+}
+
+// warpScope: every warp copies its own slice (lane of 32); else every block (thread of blockDim).
+template <int V>
+__global__ void __launch_bounds__(1024) Copy(Vec16* dst, const Vec16* src, size_t size, int iters, bool warpScope) {
+  const uint32_t groups = warpScope ? gridDim.x * (blockDim.x / 32) : gridDim.x;
+  const uint32_t group = warpScope ? blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : blockIdx.x;
+  const uint32_t rank = warpScope ? threadIdx.x % 32 : threadIdx.x;
+  const uint32_t n = warpScope ? 32 : blockDim.x;
+  const size_t vecs = size / 16;
+  const size_t per = vecs / groups;  // the sizes here divide evenly
+  Vec16* d = dst + group * per;
+  const Vec16* s = src + group * per;
+  for (int i = 0; i < iters; ++i) CopySlice<V>(d, s, static_cast<uint32_t>(per), rank, n);
+}
+
+__global__ void Fill(uint32_t* p, size_t words, uint32_t salt) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {
+    p[i] = static_cast<uint32_t>(i * 2654435761u) ^ salt;
+  }
+}
+
+__global__ void Compare(const uint32_t* a, const uint32_t* b, size_t words, unsigned long long* bad) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {
+    if (a[i] != b[i]) atomicAdd(bad, 1ull);
+  }
+}
+
+template <int V>
+float Time(Vec16* dst, const Vec16* src, size_t size, int blocks, int iters, bool warpScope, cudaEvent_t e0,
+           cudaEvent_t e1) {
+  Copy<V><<<blocks, 1024>>>(dst, src, size, 20, warpScope);  // warm-up
+  CHECK(cudaEventRecord(e0));
+  Copy<V><<<blocks, 1024>>>(dst, src, size, iters, warpScope);
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  return ms;
+}
+
+int main(int argc, char** argv) {
+  const int blocks = argc > 1 ? std::atoi(argv[1]) : 32;
+  // salt: "vary" (each run its own, 0x1234 + 7 round + variant), "even" / "odd" (0x1234 / 0x1235 for every run)
+  const std::string saltMode = argc > 2 ? argv[2] : "vary";
+  const size_t maxSize = size_t(16) << 20;
+  Vec16 *src, *dst;
+  unsigned long long* bad;
+  CHECK(cudaMalloc(&src, maxSize));
+  CHECK(cudaMalloc(&dst, maxSize));
+  CHECK(cudaMalloc(&bad, sizeof(*bad)));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::printf("%d blocks of 1024 threads, salt %s; GB/s of size x iters\n", blocks, saltMode.c_str());
+  if (saltMode == "repeat") {
+    // The same copy timed eight times back to back, nothing launched between: does the rate alternate?
+    for (bool warpScope : {true, false}) {
+      for (size_t size : {size_t(1) << 20, size_t(2) << 20, size_t(4) << 20}) {
+        const int iters = static_cast<int>((size_t(4) << 30) / size / 4);
+        Fill<<<264, 256>>>(reinterpret_cast<uint32_t*>(src), size / 4, 0x1234u);
+        std::printf("%-6s %8zuK mori, 8 runs:", warpScope ? "warp" : "block", size >> 10);
+        for (int k = 0; k < 8; ++k) {
+          CHECK(cudaEventRecord(e0));
+          Copy<kMori><<<blocks, 1024>>>(dst, src, size, iters, warpScope);
+          CHECK(cudaEventRecord(e1));
+          CHECK(cudaEventSynchronize(e1));
+          float ms = 0;
+          CHECK(cudaEventElapsedTime(&ms, e0, e1));
+          std::printf(" %6.0f", static_cast<float>(size) * iters / (ms * 1e-3f) / 1e9f);
+        }
+        std::printf("\n");
+      }
+    }
+    return 0;
+  }
+  std::printf("%-6s %9s %8s %8s %8s %8s %8s\n", "scope", "size", "variant", "round 1", "round 2", "round 3", "round 4");
+  for (bool warpScope : {true, false}) {
+    for (size_t size : {size_t(512) << 10, size_t(1) << 20, size_t(2) << 20, size_t(4) << 20, size_t(16) << 20}) {
+      const int iters = static_cast<int>(std::max<size_t>(200, (size_t(4) << 30) / size / 4));
+      float gbps[kVariants][4];
+      for (int r = 0; r < 4; ++r) {
+        for (int v = 0; v < kVariants; ++v) {
+          const uint32_t salt = saltMode == "vary" ? 0x1234u + r * 7 + v : saltMode == "odd" ? 0x1235u : 0x1234u;
+          Fill<<<264, 256>>>(reinterpret_cast<uint32_t*>(src), size / 4, salt);
+          CHECK(cudaMemset(dst, 0, size));
+          float ms = v == kMori   ? Time<kMori>(dst, src, size, blocks, iters, warpScope, e0, e1)
+                     : v == kSimple ? Time<kSimple>(dst, src, size, blocks, iters, warpScope, e0, e1)
+                                    : Time<kNc>(dst, src, size, blocks, iters, warpScope, e0, e1);
+          CHECK(cudaMemset(bad, 0, sizeof(*bad)));
+          Compare<<<264, 256>>>(reinterpret_cast<uint32_t*>(src), reinterpret_cast<uint32_t*>(dst), size / 4, bad);
+          unsigned long long h = 0;
+          CHECK(cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost));
+          if (h != 0) {
+            std::printf("MISMATCH: %llu words, %s %zu %s\n", h, warpScope ? "warp" : "block", size, kNames[v]);
+            return 1;
+          }
+          gbps[v][r] = static_cast<float>(size) * iters / (ms * 1e-3f) / 1e9f;
+        }
+      }
+      for (int v = 0; v < kVariants; ++v) {
+        std::printf("%-6s %8zuK %8s %8.0f %8.0f %8.0f %8.0f\n", warpScope ? "warp" : "block", size >> 10, kNames[v],
+                    gbps[v][0], gbps[v][1], gbps[v][2], gbps[v][3]);
+      }
+    }
+  }
+  return 0;
+}
