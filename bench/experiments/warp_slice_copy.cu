@@ -6,6 +6,9 @@
 //   mori     mori::core::CopyVectors<uint32_t> (the tree's copy)
 //   simple   for (i = lane; i < count; i += 32) d[i] = s[i]  (NVSHMEM's shape)
 //   nc       the simple loop with ld.global.nc loads
+//   coop     mori::core::CopyCooperative (CopyVectors behind the alignment dispatch a put goes through)
+//   +sync    the same after the group's barrier, as a put starts
+//   +lookup  the same with the destination's base from a constant-memory peer table, as MappedBase does
 // GB/s of `size * iters`, five rounds alternating. Every copy is checked word by word. Not part of the build:
 //   nvcc -O3 -arch=sm_90 -std=c++17 --expt-relaxed-constexpr -Iinclude -Ibuild-cuda/include \
 //     -o warp_slice_copy bench/experiments/warp_slice_copy.cu && ./warp_slice_copy
@@ -19,13 +22,19 @@
 
 using mori::core::Vec16;
 
-enum Variant : int { kMori, kSimple, kNc, kVariants };
-const char* kNames[kVariants] = {"mori", "simple", "nc"};
+enum Variant : int { kMori, kSimple, kNc, kCoop, kCoopSync, kCoopLookup, kVariants };
+const char* kNames[kVariants] = {"mori", "simple", "nc", "coop", "+sync", "+lookup"};
+
+// A peer table in constant memory, as mori's mapped window: entry 1 is the destination.
+__constant__ uintptr_t gWindow[8];
+__constant__ uint32_t gWindowCount;
 
 template <int V>
 __device__ __forceinline__ void CopySlice(Vec16* d, const Vec16* s, uint32_t count, uint32_t rank, uint32_t n) {
   if (V == kMori) {
     mori::core::CopyVectors<uint32_t>(d, s, count, rank, n);
+  } else if (V == kCoop) {
+    mori::core::CopyCooperative(d, s, size_t(count) * 16, rank, n);
   } else if (V == kSimple) {
     for (uint32_t i = rank; i < count; i += n) d[i] = s[i];
   } else {
@@ -44,7 +53,24 @@ __global__ void __launch_bounds__(1024) Copy(Vec16* dst, const Vec16* src, size_
   const size_t per = vecs / groups;  // the sizes here divide evenly
   Vec16* d = dst + group * per;
   const Vec16* s = src + group * per;
-  for (int i = 0; i < iters; ++i) CopySlice<V>(d, s, static_cast<uint32_t>(per), rank, n);
+  if constexpr (V == kCoopSync || V == kCoopLookup) {
+    // What mori's put adds around the copy: the group barrier first; with +lookup, the peer's base from the
+    // constant table (an index taken from a kernel argument, as the PE is), then base + offset.
+    const int pe = iters >= 0 ? 1 : 0;
+    for (int i = 0; i < iters; ++i) {
+      if (warpScope) __syncwarp(); else __syncthreads();
+      Vec16* to = d;
+      if constexpr (V == kCoopLookup) {
+        const uint32_t k = static_cast<uint32_t>(pe);
+        const uintptr_t base = k < gWindowCount ? gWindow[k] : 0;
+        if (base == 0) __trap();
+        to = reinterpret_cast<Vec16*>(base) + group * per;
+      }
+      mori::core::CopyCooperative(to, s, per * 16, rank, n);
+    }
+  } else {
+    for (int i = 0; i < iters; ++i) CopySlice<V>(d, s, static_cast<uint32_t>(per), rank, n);
+  }
 }
 
 __global__ void Fill(uint32_t* p, size_t words, uint32_t salt) {
@@ -85,6 +111,10 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
+  const uintptr_t window[8] = {0, reinterpret_cast<uintptr_t>(dst), 0, 0, 0, 0, 0, 0};
+  const uint32_t windowCount = 8;
+  CHECK(cudaMemcpyToSymbol(gWindow, window, sizeof(window)));
+  CHECK(cudaMemcpyToSymbol(gWindowCount, &windowCount, sizeof(windowCount)));
   std::printf("%d blocks of 1024 threads, salt %s; GB/s of size x iters\n", blocks, saltMode.c_str());
   if (saltMode == "repeat") {
     // The same copy timed eight times back to back, nothing launched between: does the rate alternate?
@@ -117,9 +147,15 @@ int main(int argc, char** argv) {
           const uint32_t salt = saltMode == "vary" ? 0x1234u + r * 7 + v : saltMode == "odd" ? 0x1235u : 0x1234u;
           Fill<<<264, 256>>>(reinterpret_cast<uint32_t*>(src), size / 4, salt);
           CHECK(cudaMemset(dst, 0, size));
-          float ms = v == kMori   ? Time<kMori>(dst, src, size, blocks, iters, warpScope, e0, e1)
-                     : v == kSimple ? Time<kSimple>(dst, src, size, blocks, iters, warpScope, e0, e1)
-                                    : Time<kNc>(dst, src, size, blocks, iters, warpScope, e0, e1);
+          float ms = 0;
+          switch (v) {
+            case kMori: ms = Time<kMori>(dst, src, size, blocks, iters, warpScope, e0, e1); break;
+            case kSimple: ms = Time<kSimple>(dst, src, size, blocks, iters, warpScope, e0, e1); break;
+            case kNc: ms = Time<kNc>(dst, src, size, blocks, iters, warpScope, e0, e1); break;
+            case kCoop: ms = Time<kCoop>(dst, src, size, blocks, iters, warpScope, e0, e1); break;
+            case kCoopSync: ms = Time<kCoopSync>(dst, src, size, blocks, iters, warpScope, e0, e1); break;
+            case kCoopLookup: ms = Time<kCoopLookup>(dst, src, size, blocks, iters, warpScope, e0, e1); break;
+          }
           CHECK(cudaMemset(bad, 0, sizeof(*bad)));
           Compare<<<264, 256>>>(reinterpret_cast<uint32_t*>(src), reinterpret_cast<uint32_t*>(dst), size / 4, bad);
           unsigned long long h = 0;
