@@ -180,6 +180,7 @@ class Bench {
     auto* dst = Alloc<uint8_t>(max, false);
     const std::vector<uint8_t> pattern = bench::Pattern(0, max);
     if (me_ == 0) MORI_BENCH_CUDA(cudaMemcpy(src, pattern.data(), max, cudaMemcpyHostToDevice));
+    const int reps = bench::PutBwReps(opts_, kMachine);
     for (size_t size : bench::PutSizes(opts_)) {
       const int iters = bench::PutBwIters(opts_, kMachine, size);
       const int warmup = bench::WarmupIters(opts_, iters);
@@ -191,8 +192,7 @@ class Bench {
             (warpScope ? PutBwWarpKernel : PutBwKernel)<<<blocks, opts_.threads, 0, stream_>>>(dst, src, size, n, 1);
           };
           if (warmup > 0) TimeMs([&] { launch(warmup); });
-          double ms = TimeMs([&] { launch(iters); });
-          for (int r = 1; r < bench::PutBwReps(opts_, kMachine); ++r) ms = std::min(ms, TimeMs([&] { launch(iters); }));
+          double ms = bench::FastestMs(reps, [&] { return TimeMs([&] { launch(iters); }); });
           double gbps = static_cast<double>(size) * iters / (ms * 1e-3) / 1e9;
           report_.Add(name, size, blocks, iters, gbps, "GBps");
         }
@@ -204,8 +204,8 @@ class Bench {
       report_.PrintPutBwTable(opts_, name,
                               std::string(warpScope ? "warp" : "block") + " scope, " + std::to_string(opts_.threads) +
                                   " threads per block, to PE 1 " +
-                                  (nvshmem_ptr(dst, 1) != nullptr ? "over P2P" : "not load/store mapped") + ", the fastest of " +
-                                  std::to_string(bench::PutBwReps(opts_, kMachine)) + " timed runs");
+                                  (nvshmem_ptr(dst, 1) != nullptr ? "over P2P" : "not load/store mapped") +
+                                  ", the fastest of " + std::to_string(reps) + " timed runs");
     }
     Barrier();
     nvshmem_free(dst);

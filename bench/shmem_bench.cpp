@@ -139,6 +139,7 @@ class Bench {
     auto* dst = Alloc<uint8_t>(max, false);
     const std::vector<uint8_t> pattern = bench::Pattern(0, max);
     if (me_ == 0) MORI_CHECK_GPU(core::GpuMemcpy(src, pattern.data(), max));
+    const int reps = bench::PutBwReps(opts_, kMachine);
     for (size_t size : bench::PutSizes(opts_)) {
       const int iters = bench::PutBwIters(opts_, kMachine, size);
       const int warmup = bench::WarmupIters(opts_, iters);
@@ -151,10 +152,7 @@ class Bench {
                                timer_.Stream(), dst, static_cast<const uint8_t*>(src), size, n, 1);
           };
           if (warmup > 0) timer_.TimeMs([&] { launch(warmup); });
-          double ms = timer_.TimeMs([&] { launch(iters); });
-          for (int r = 1; r < bench::PutBwReps(opts_, kMachine); ++r) {
-            ms = std::min(ms, timer_.TimeMs([&] { launch(iters); }));
-          }
+          double ms = bench::FastestMs(reps, [&] { return timer_.TimeMs([&] { launch(iters); }); });
           double gbps = static_cast<double>(size) * iters / (ms * 1e-3) / 1e9;
           report_.Add(name, size, blocks, iters, gbps, "GBps");
         }
@@ -166,7 +164,7 @@ class Bench {
       report_.PrintPutBwTable(opts_, name,
                               std::string(warpScope ? "warp" : "block") + " scope, " + std::to_string(opts_.threads) +
                                   " threads per block, to PE 1 over " + TransportTypeName(ShmemTransportType(1)) +
-                                  ", the fastest of " + std::to_string(bench::PutBwReps(opts_, kMachine)) + " timed runs");
+                                  ", the fastest of " + std::to_string(reps) + " timed runs");
     }
     timer_.Barrier();
     ShmemFree(dst);

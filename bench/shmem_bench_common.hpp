@@ -196,10 +196,19 @@ inline int PutBwIters(const Options& o, Machine m, size_t size) {
 }
 
 // Timed runs of a put_bw measurement; the fastest is reported. One copy kernel launched again and again on an
-// H200 alternates between two rates at 2 and 4 MiB, run by run (1,560 / 1,705 GB/s; 1,655 / 1,835 GB/s, 32 blocks,
-// nothing launched between: bench/experiments/warp_slice_copy.cu, docs/PERF.md 2026-12-02 sixth session), so a
-// single run lands on either, and a ratio of two programs' single runs swings by 9-21% with it.
+// H200 alternates between two rates at 2 and 4 MiB, run by run (about 1,560 / 1,705 GB/s at 2 MiB and 1,656 /
+// 1,800 at 4 MiB, 32 blocks, nothing launched between: bench/experiments/warp_slice_copy.cu, docs/PERF.md
+// 2026-12-02 sixth session), so a single run lands on either, and a ratio of two programs' single runs moved with
+// it (8-9%, once 21%).
 inline int PutBwReps(const Options& o, Machine m) { return o.reps > 0 ? o.reps : (m.hostThreads ? 1 : 3); }
+
+// The fastest of `reps` calls of `timeMs` (each returns one timed run's milliseconds).
+template <typename TimeMs>
+double FastestMs(int reps, TimeMs&& timeMs) {
+  double best = timeMs();
+  for (int r = 1; r < reps; ++r) best = std::min(best, timeMs());
+  return best;
+}
 
 // Ping-pong iterations: fewer for large messages (a thread-scope 64 KiB put is one thread's copy).
 inline int LatencyIters(const Options& o, Machine m, size_t size) {

@@ -1,5 +1,5 @@
 // Does a device assertion's cold printf make every system fence dearer? ptxas puts a `MEMBAR.ALL.CTA` before each
-// system- or GPU-scope fence of a kernel that has a stack frame, and mori's kernels have one only because a
+// system- or GPU-scope fence of a kernel that has a stack frame, and mori's kernels have one mostly because a
 // MORI_DEVICE_ASSERT's printf arguments need a buffer in local memory on its (never taken) failure path. Variants
 // of one loop (a 16-byte store to device memory, then `fence.acq_rel.sys`, timed with clock64), differing only in
 // how the failure path of a check that never fails reports:
@@ -51,7 +51,9 @@ __device__ __forceinline__ void Check(bool ok, unsigned long long a, unsigned lo
   } else if (V == kNoinlinePrintf) {
     if (__builtin_expect(!ok, 0)) FailPrintf(__FILE__, __LINE__, a, b);
   } else if (V == kNoinlineVariadic) {
-    if (__builtin_expect(!ok, 0)) FailVariadic("[fence_stack] %s:%d: check failed: a %llu b %llu\n", __FILE__, __LINE__, a, b);
+    if (__builtin_expect(!ok, 0)) {
+      FailVariadic("[fence_stack] %s:%d: check failed: a %llu b %llu\n", __FILE__, __LINE__, a, b);
+    }
   } else if (V == kRecord) {
     if (__builtin_expect(!ok, 0)) {
       gRecord = FailRecord{__FILE__, __LINE__, a, b};

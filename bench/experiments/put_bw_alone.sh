@@ -3,6 +3,7 @@
 # (carried as .carry/build-cuda). Not part of the build or of gpu_suite.sh.
 # put_bw_warp / put_bw at 256 KiB-4 MiB, 32 blocks, mori and NVSHMEM, without MPS (PE 1 idle at a host
 # barrier while PE 0 puts, so nothing shares the GPU) and with MPS (50% of the SMs each), two rounds each.
+set -uo pipefail
 repo=$(pwd)
 mkdir -p /work && [ -e /work/main ] || ln -sfn "$repo" /work/main
 ln -sfn "$repo/.carry/build-cuda" "$repo/build-cuda"

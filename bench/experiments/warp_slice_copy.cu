@@ -9,9 +9,11 @@
 //   coop     mori::core::CopyCooperative (CopyVectors behind the alignment dispatch a put goes through)
 //   +sync    the same after the group's barrier, as a put starts
 //   +lookup  the same with the destination's base from a constant-memory peer table, as MappedBase does
-// GB/s of `size * iters`, five rounds alternating. Every copy is checked word by word. Not part of the build:
+// GB/s of `size * iters`, four rounds alternating, every copy checked word by word; or, with `repeat`, one copy
+// timed eight times back to back (checked once after). Not part of the build:
 //   nvcc -O3 -arch=sm_90 -std=c++17 --expt-relaxed-constexpr -Iinclude -Ibuild-cuda/include \
-//     -o warp_slice_copy bench/experiments/warp_slice_copy.cu && ./warp_slice_copy
+//     -o warp_slice_copy bench/experiments/warp_slice_copy.cu && ./warp_slice_copy [blocks] [vary|even|odd|repeat]
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -100,8 +102,13 @@ float Time(Vec16* dst, const Vec16* src, size_t size, int blocks, int iters, boo
 
 int main(int argc, char** argv) {
   const int blocks = argc > 1 ? std::atoi(argv[1]) : 32;
-  // salt: "vary" (each run its own, 0x1234 + 7 round + variant), "even" / "odd" (0x1234 / 0x1235 for every run)
+  // mode: the source's salt, "vary" (each run its own, 0x1234 + 7 round + variant) or "even" / "odd" (0x1234 /
+  // 0x1235 for every run); or "repeat" (one copy timed eight times, nothing launched between).
   const std::string saltMode = argc > 2 ? argv[2] : "vary";
+  if (blocks <= 0 || (size_t(512) << 10) % (size_t(blocks) * 32 * 16) != 0) {
+    std::printf("warp_slice_copy: %d blocks of 32 warps do not split 512 KiB into whole vectors\n", blocks);
+    return 2;
+  }
   const size_t maxSize = size_t(16) << 20;
   Vec16 *src, *dst;
   unsigned long long* bad;
@@ -115,7 +122,7 @@ int main(int argc, char** argv) {
   const uint32_t windowCount = 8;
   CHECK(cudaMemcpyToSymbol(gWindow, window, sizeof(window)));
   CHECK(cudaMemcpyToSymbol(gWindowCount, &windowCount, sizeof(windowCount)));
-  std::printf("%d blocks of 1024 threads, salt %s; GB/s of size x iters\n", blocks, saltMode.c_str());
+  std::printf("%d blocks of 1024 threads, %s; GB/s of size x iters\n", blocks, saltMode.c_str());
   if (saltMode == "repeat") {
     // The same copy timed eight times back to back, nothing launched between: does the rate alternate?
     for (bool warpScope : {true, false}) {
@@ -131,6 +138,14 @@ int main(int argc, char** argv) {
           float ms = 0;
           CHECK(cudaEventElapsedTime(&ms, e0, e1));
           std::printf(" %6.0f", static_cast<float>(size) * iters / (ms * 1e-3f) / 1e9f);
+        }
+        CHECK(cudaMemset(bad, 0, sizeof(*bad)));
+        Compare<<<264, 256>>>(reinterpret_cast<uint32_t*>(src), reinterpret_cast<uint32_t*>(dst), size / 4, bad);
+        unsigned long long h = 0;
+        CHECK(cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost));
+        if (h != 0) {
+          std::printf("  MISMATCH: %llu words\n", h);
+          return 1;
         }
         std::printf("\n");
       }

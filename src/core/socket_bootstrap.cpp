@@ -245,6 +245,9 @@ class SocketBootstrap::Impl {
     MORI_CHECK(!initialized_, ErrorCode::InvalidUsage, "SocketBootstrap::Initialize called twice");
     timeout_ = timeoutSeconds > 0 ? timeoutSeconds : mori::core::TimeoutSeconds();
     joinTimeout_ = mori::core::BootstrapJoinTimeoutSeconds(timeout_);
+    joinBoundFrom_ = EnvIsSet("MORI_BOOTSTRAP_JOIN_TIMEOUT_S") ? "MORI_BOOTSTRAP_JOIN_TIMEOUT_S"
+                     : timeoutSeconds > 0                 ? "the bound given to Initialize"
+                                                          : "MORI_TIMEOUT_S";
     UniqueIdLayout l = DecodeId(id);
     nonce_ = l.nonce;
     net::SocketAddress root = net::SocketAddress::FromWire(l.root);
@@ -264,9 +267,7 @@ class SocketBootstrap::Impl {
       try {
         RegisterWithRoot(root, ifname);
       } catch (const TimeoutError& e) {
-        throw TimeoutError(StrFormat("rank %d: %s (the join's bound: MORI_BOOTSTRAP_JOIN_TIMEOUT_S, else "
-                                     "MORI_TIMEOUT_S)",
-                                     rank_, e.what()));
+        throw TimeoutError(StrFormat("rank %d: %s (the join's bound, from %s)", rank_, e.what(), joinBoundFrom_));
       }
     }
     initialized_ = true;
@@ -414,10 +415,9 @@ class SocketBootstrap::Impl {
           if (!seen[static_cast<size_t>(r)]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
         }
         std::string reason = StrFormat(
-            "bootstrap root (rank 0 at %s) waited %.0f s (the join's bound: MORI_BOOTSTRAP_JOIN_TIMEOUT_S, else "
-            "MORI_TIMEOUT_S); rank(s) %s of %d never registered (not started, crashed, or given another root "
-            "address?)",
-            listenAddr_.ToString().c_str(), joinTimeout_, missing.c_str(), nRanks_);
+            "bootstrap root (rank 0 at %s) waited %.0f s (the join's bound, from %s); rank(s) %s of %d never "
+            "registered (not started, crashed, or given another root address?)",
+            listenAddr_.ToString().c_str(), joinTimeout_, joinBoundFrom_, missing.c_str(), nRanks_);
         if (!refusedRegistrations_.empty()) {
           reason += StrFormat(
               "; refused meanwhile, for a job nonce not this job's (ranks given different "
@@ -820,6 +820,7 @@ class SocketBootstrap::Impl {
   int nRanks_;
   double timeout_ = 0;
   double joinTimeout_ = 0;  // registering with the root and waiting for the address table
+  const char* joinBoundFrom_ = "";  // where joinTimeout_ came from, for the join's timeout errors
   bool initialized_ = false;
   uint64_t nonce_ = 0;
   int collSeq_ = 0;

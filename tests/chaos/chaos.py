@@ -241,11 +241,15 @@ class Trial:
             TAG_VAR: self.tag,
         })
         if self.args.phase == "steady":
-            # The kill comes after every rank is ready, so the join may take as long as start-up may: under a
+            # A kill comes after every rank is ready, so the join may take as long as start-up may: under a
             # sanitizer, with two trials on two cores, one rank can start seconds after the others, and with the
-            # 2 s MORI_TIMEOUT_S the ranks already registered gave up on it (a CI failure before any kill). With
-            # --phase init the kill lands in the join, whose waits must then end within MORI_TIMEOUT_S.
-            base["MORI_BOOTSTRAP_JOIN_TIMEOUT_S"] = str(max(1, int(self.args.ready_timeout_s)))
+            # 2 s MORI_TIMEOUT_S the ranks already registered gave up on it (a CI failure before any kill). A
+            # --faults job must end within --bound-s whatever happens, so its join takes at most half of that.
+            # With --phase init the kill lands in the join, whose waits must then end within MORI_TIMEOUT_S.
+            join_s = self.args.ready_timeout_s
+            if self.args.faults is not None:
+                join_s = min(join_s, self.args.bound_s / 2)
+            base["MORI_BOOTSTRAP_JOIN_TIMEOUT_S"] = str(max(1, int(join_s)))
         procs, files = [], []
         self.spawned = time.monotonic()
         for rank in range(RANKS):

@@ -176,28 +176,28 @@ TEST(BootstrapFailures, ARootThatNeverComesTimesOut) {
   EXPECT_EQ(code, ErrorCode::Timeout);
 }
 
-// MORI_BOOTSTRAP_JOIN_TIMEOUT_S bounds the join alone: a rank that starts 2.5 s after the others joins a job
-// whose bound is 1 s, and the waits after the join keep that 1 s (rank 1 gives up on rank 2, alive but silent,
-// after 1 s, not after the join's 30).
+// MORI_BOOTSTRAP_JOIN_TIMEOUT_S bounds the join alone: a rank that starts 3.5 s after the others joins a job
+// whose bound is 2 s, and the waits after the join keep those 2 s (rank 1 gives up on rank 2, alive but silent,
+// after 2 s, not after the join's 30).
 TEST(BootstrapFailures, ALateRankJoinsWithinTheJoinBoundWhileLaterWaitsKeepTheirs) {
   const std::string root = LoopbackRoot();
   auto outcomes = RunProcesses(3, [&](int rank) {
     setenv("MORI_BOOTSTRAP_JOIN_TIMEOUT_S", "30", 1);
-    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(3500));
     SocketBootstrap b(rank, 3);
-    b.Initialize(root, 1);
-    EXPECT_DOUBLE_EQ(b.TimeoutSeconds(), 1.0);
+    b.Initialize(root, 2);
+    EXPECT_DOUBLE_EQ(b.TimeoutSeconds(), 2.0);
     auto all = b.AllGatherValue(rank * 7 + 3);
     for (int r = 0; r < 3; ++r) EXPECT_EQ(all[r], r * 7 + 3) << "slot of rank " << r;
     if (rank == 1) {
       int v = 0;
       ErrorCode code{};
       const auto start = std::chrono::steady_clock::now();
-      ThrowsMentioning([&] { b.Recv(&v, sizeof(v), 2, 5); }, "rank 1 waited 1 s for a", &code);
+      ThrowsMentioning([&] { b.Recv(&v, sizeof(v), 2, 5); }, "rank 1 waited 2 s for a", &code);
       EXPECT_EQ(code, ErrorCode::Timeout);
-      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3)) << "the join's bound was used";
+      EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5)) << "the join's bound was used";
     } else {
-      std::this_thread::sleep_for(std::chrono::seconds(5));  // alive and silent until rank 1 gave up
+      std::this_thread::sleep_for(std::chrono::seconds(7));  // alive and silent until rank 1 gave up
     }
     return 0;
   });
@@ -215,8 +215,8 @@ TEST(BootstrapFailures, AJoinPastItsBoundNamesTheVariable) {
     ErrorCode code{};
     const auto start = std::chrono::steady_clock::now();
     if (rank == 0) {
-      ThrowsMentioning([&] { b.Initialize(root, 60); }, "MORI_BOOTSTRAP_JOIN_TIMEOUT_S, else MORI_TIMEOUT_S); "
-                       "rank(s) 2 of 3 never registered", &code);
+      ThrowsMentioning([&] { b.Initialize(root, 60); }, "waited 1 s (the join's bound, from "
+                       "MORI_BOOTSTRAP_JOIN_TIMEOUT_S); rank(s) 2 of 3 never registered", &code);
       EXPECT_EQ(code, ErrorCode::Timeout);
     } else {
       // Told by the root when it gave up, or at its own 2 s if that comes first.
@@ -226,6 +226,23 @@ TEST(BootstrapFailures, AJoinPastItsBoundNamesTheVariable) {
     return 0;
   });
   test::ExpectAllSucceed(outcomes);
+}
+
+// A rank whose root never comes gives up at the join's bound and says where the bound came from.
+TEST(BootstrapFailures, ARankPastItsJoinBoundNamesWhereTheBoundCameFrom) {
+  const std::string root = LoopbackRoot();
+  test::ScopedEnv join("MORI_BOOTSTRAP_JOIN_TIMEOUT_S", "1");
+  SocketBootstrap b(1, 2);
+  ErrorCode code{};
+  const auto start = std::chrono::steady_clock::now();
+  ThrowsMentioning([&] { b.Initialize(root, 60); }, "(the join's bound, from MORI_BOOTSTRAP_JOIN_TIMEOUT_S)", &code);
+  EXPECT_EQ(code, ErrorCode::Timeout);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  // Without the variable the caller's bound is the join's, and the message says so.
+  test::ScopedEnv unset("MORI_BOOTSTRAP_JOIN_TIMEOUT_S", nullptr);
+  SocketBootstrap c(1, 2);
+  ThrowsMentioning([&] { c.Initialize(root, 0.5); }, "(the join's bound, from the bound given to Initialize)", &code);
+  EXPECT_EQ(code, ErrorCode::Timeout);
 }
 
 TEST(BootstrapFailures, APeerThatDiesIsNamed) {
