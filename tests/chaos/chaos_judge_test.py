@@ -69,5 +69,18 @@ class Naming(unittest.TestCase):
         self.assertEqual(t.survivors[0]["named"], "cascade")
 
 
+class PortListener(unittest.TestCase):
+    SOCKETS = {11: "tcp 0100007F:6993 LISTEN", 12: "tcp 0100007F:6993 state 01", 13: "tcp 0100007F:6994 LISTEN"}
+
+    def test_no_listener_on_the_port_is_no_leak(self):
+        self.assertEqual(chaos.port_listener(27000, self.SOCKETS, {11: 5}), (None, None))
+
+    def test_a_listener_another_process_holds_is_that_process_s(self):
+        self.assertEqual(chaos.port_listener(0x6993, self.SOCKETS, {11: 4242, 12: 7}), (11, 4242))
+
+    def test_a_listener_no_process_holds_is_a_leak(self):
+        self.assertEqual(chaos.port_listener(0x6994, self.SOCKETS, {11: 4242}), (13, None))
+
+
 if __name__ == "__main__":
     unittest.main()
