@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Puts the CSV files of shmem_bench (mori) and nvshmem_bench side by side and checks the issue's targets.
 
-    python3 bench/compare_shmem.py MORI.csv [NVSHMEM.csv] [--strict] [--one-gpu]
+    python3 bench/compare_shmem.py MORI.csv[,MORI2.csv...] [NVSHMEM.csv[,NVSHMEM2.csv...]] [--strict] [--one-gpu]
 
 Both files hold rows `bench,impl,size,blocks,value,unit` (the programs' --csv); rows are joined on
 (bench, size, blocks). The ratio is mori / nvshmem: above 1 is better for bandwidth (GBps), below 1 is better
 for latency (us). Compare only files from one run on one machine (BASELINES.md: runs differ by up to 30%).
+Several files of one side, comma-separated (one per run of that program), give each row its best value over
+them (the highest bandwidth, the lowest time): on an H200 some rows move by up to 20% from one process to the
+next (docs/PERF.md, 2026-12-03), so gpu_suite.sh runs each program more than once, in alternating order.
 
 Targets (issue text; MISS marks a row that misses one):
   put_bw, put_bw_warp
@@ -47,6 +50,23 @@ def read_rows(path):
     return rows
 
 
+LOWER_IS_BETTER = {"us", "ms", "ns"}
+
+
+def read_best(paths):
+    """read_rows over the comma-separated `paths`, each row's best value over the files that have it."""
+    best = {}
+    for path in paths.split(","):
+        for key, (value, unit) in read_rows(path).items():
+            have = best.get(key)
+            if have is not None and have[1] != unit:
+                raise ValueError(f"{path}: {key[0]} {key[1]} B is in {unit} here and in {have[1]} before")
+            lower = unit in LOWER_IS_BETTER
+            if have is None or (value < have[0] if lower else value > have[0]):
+                best[key] = (value, unit)
+    return best
+
+
 def human_size(n):
     for shift, name in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
         if n >= 1 << shift and n % (1 << shift) == 0:
@@ -67,8 +87,8 @@ def main(argv):
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        mori = read_rows(args[0])
-        nv = read_rows(args[1]) if len(args) == 2 else {}
+        mori = read_best(args[0])
+        nv = read_best(args[1]) if len(args) == 2 else {}
     except (OSError, ValueError, KeyError) as e:
         print(f"compare_shmem: {e}", file=sys.stderr)
         return 1

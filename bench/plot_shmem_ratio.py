@@ -4,7 +4,8 @@ machine) as one SVG file, standard library only: put bandwidth (best over the bl
 scope; above 1 is better) and put-with-signal and single-value ping-pong latency (NVSHMEM / mori, so that above 1
 is better there too).
 
-usage: plot_shmem_ratio.py MORI.csv NVSHMEM.csv OUT.svg [--title TEXT]
+usage: plot_shmem_ratio.py MORI.csv[,MORI2.csv...] NVSHMEM.csv[,NVSHMEM2.csv...] OUT.svg [--title TEXT]
+(several files of one side, comma-separated: each point the best over them, as compare_shmem.py takes them)
 """
 import argparse
 import csv
@@ -18,15 +19,17 @@ LATENCY = [("signal_latency_thread", "put-with-signal, thread", "#d62728"),
            ("p_latency", "single-value put", "#8c564b")]
 
 
-def load(path):
-    """{bench: {size: best value}}: the highest bandwidth or the lowest latency over the block counts."""
+def load(paths):
+    """{bench: {size: best value}}: the highest bandwidth or the lowest latency over the block counts (and over
+    the comma-separated files)."""
     rows = {}
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            size, value = int(r["size"]), float(r["value"])
-            better = max if r["unit"] == "GBps" else min
-            per = rows.setdefault(r["bench"], {})
-            per[size] = better(per[size], value) if size in per else value
+    for path in paths.split(","):
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                size, value = int(r["size"]), float(r["value"])
+                better = max if r["unit"] == "GBps" else min
+                per = rows.setdefault(r["bench"], {})
+                per[size] = better(per[size], value) if size in per else value
     return rows
 
 
