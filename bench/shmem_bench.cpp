@@ -121,6 +121,21 @@ class Bench {
     return bench::SymmetricAlloc<T>(bytes, zero, " (put_bw needs 2 x --max)");
   }
 
+  // put_bw's target, read from its allocation's start: zeros for the offset, PE 0's pattern for `bytes`, zeros
+  // for bench::kTargetTail bytes after.
+  void CheckTarget(const std::string& what, const uint8_t* base, size_t bytes) {
+    std::vector<uint8_t> got(opts_.dstOffset + bytes + bench::kTargetTail);
+    MORI_CHECK_GPU(core::GpuMemcpy(got.data(), base, got.size()));
+    const size_t at = bench::FirstWrongTargetByte(got, opts_.dstOffset, bytes, 0);
+    if (at == SIZE_MAX) return;
+    std::fprintf(stderr,
+                 "shmem_bench: PE %d: %s: %zu-byte message from PE 0 at offset %zu: byte %zu of the allocation is %u, "
+                 "want %u\n",
+                 me_, what.c_str(), bytes, opts_.dstOffset, at, got[at],
+                 bench::ExpectedTargetByte(at, opts_.dstOffset, bytes, 0));
+    ++failures_;
+  }
+
   // Compares [0, bytes) of `p` with the pattern of `pe`.
   void Check(const char* what, const uint8_t* p, size_t bytes, const std::vector<uint8_t>& expect, int pe) {
     std::vector<uint8_t> got(bytes);
@@ -135,8 +150,11 @@ class Bench {
   void PutBw(bool warpScope) {
     const char* name = bench::PutBwBenchName(warpScope);
     const size_t max = opts_.maxBytes;
-    auto* src = Alloc<uint8_t>(max, false);
-    auto* dst = Alloc<uint8_t>(max, false);
+    // The target is zeroed once and checked with what lies around the message (the offset, a tail after it).
+    uint8_t* srcBase = Alloc<uint8_t>(opts_.srcOffset + max, false);
+    uint8_t* dstBase = Alloc<uint8_t>(opts_.dstOffset + max + bench::kTargetTail, true);
+    uint8_t* src = srcBase + opts_.srcOffset;
+    uint8_t* dst = dstBase + opts_.dstOffset;
     const std::vector<uint8_t> pattern = bench::Pattern(0, max);
     if (me_ == 0) MORI_CHECK_GPU(core::GpuMemcpy(src, pattern.data(), max));
     const int reps = bench::PutBwReps(opts_, kMachine);
@@ -157,18 +175,19 @@ class Bench {
           report_.Add(name, size, blocks, iters, gbps, "GBps");
         }
         timer_.Barrier();
-        if (me_ == 1) Check((std::string(name) + " blocks=" + std::to_string(blocks)).c_str(), dst, size, pattern, 0);
+        if (me_ == 1) CheckTarget(std::string(name) + " blocks=" + std::to_string(blocks), dstBase, size);
       }
     }
     if (me_ == 0) {
       report_.PrintPutBwTable(opts_, name,
                               std::string(warpScope ? "warp" : "block") + " scope, " + std::to_string(opts_.threads) +
                                   " threads per block, to PE 1 over " + TransportTypeName(ShmemTransportType(1)) +
-                                  ", the fastest of " + std::to_string(reps) + " timed runs");
+                                  ", the fastest of " + std::to_string(reps) + " timed runs" +
+                                  bench::OffsetsNote(opts_));
     }
     timer_.Barrier();
-    ShmemFree(dst);
-    ShmemFree(src);
+    ShmemFree(dstBase);
+    ShmemFree(srcBase);
   }
 
   // One ping-pong launch on both PEs after a barrier, carrying values seq + 1 .. seq + iters (then the new

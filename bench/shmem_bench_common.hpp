@@ -34,13 +34,15 @@ struct Options {
   int iters = 0;               // 0: the per-benchmark default below
   int warmup = -1;             // -1: a tenth of the iterations
   int reps = 0;                // timed runs of every put_bw measurement, the best reported; 0: PutBwReps's default
+  size_t srcOffset = 0;        // put_bw: bytes between the source allocation's start and the source
+  size_t dstOffset = 0;        // put_bw: the same for the target
   std::string csv;
 };
 
 inline const char* Usage() {
   return "usage: mpirun -np 2 PROGRAM [put_bw|put_bw_warp|p_latency|signal_latency|all] [--min SIZE] [--max SIZE]\n"
          "           [--blocks N,N,...] [--threads N] [--signal-threads N] [--iters N] [--warmup N] [--reps N]\n"
-         "           [--csv FILE]\n"
+         "           [--src-offset SIZE] [--dst-offset SIZE] [--csv FILE]\n"
          "  Defaults: --min 1k --max 256m --blocks 1,8,32,132 --threads 1024 --signal-threads 512\n"
          "  (HOST backend: --max 1m --blocks 1,2,4 --threads 4 --signal-threads 4).\n"
          "  SIZE takes k, m, g suffixes (powers of 1024). PE 0 initiates, PE 1 is the target.\n"
@@ -49,7 +51,9 @@ inline const char* Usage() {
          "  p_latency: single-value put ping-pong; signal_latency: put-with-signal ping-pong, 8 B / 4 KiB / 64 KiB,\n"
          "  thread, warp and block scope.\n"
          "  --iters: iterations of every measurement (default: by size, see shmem_bench_common.hpp).\n"
-         "  --reps: timed runs of every put_bw measurement, the fastest reported (default 3; HOST backend 1).\n";
+         "  --reps: timed runs of every put_bw measurement, the fastest reported (default 3; HOST backend 1).\n"
+         "  --src-offset / --dst-offset: put_bw's source / target start that many bytes into their allocations\n"
+         "  (default 0), which grow by as much: the same message at other addresses and alignments.\n";
 }
 
 [[noreturn]] inline void UsageError(const std::string& what) {
@@ -130,6 +134,10 @@ inline Options ParseOptions(int argc, char** argv, Machine m) {
       o.warmup = v == "0" ? 0 : static_cast<int>(ParsePositive(v, "--warmup"));
     } else if (a == "--reps") {
       o.reps = static_cast<int>(ParsePositive(value(), "--reps"));
+    } else if (a == "--src-offset") {
+      o.srcOffset = ParseSize(value());
+    } else if (a == "--dst-offset") {
+      o.dstOffset = ParseSize(value());
     } else if (a == "--csv") {
       o.csv = value();
     } else if (a == "-h" || a == "--help") {
@@ -238,6 +246,29 @@ inline size_t FirstMismatch(const std::vector<uint8_t>& got, int pe) {
   }
   return SIZE_MAX;
 }
+
+// put_bw's target as read back from its allocation's start: zeros for `lead` bytes (the --dst-offset), the
+// pattern of `pe` for `bytes`, zeros after. The index of the first byte that is not so, or SIZE_MAX.
+inline uint8_t ExpectedTargetByte(size_t i, size_t lead, size_t bytes, int pe) {
+  return i >= lead && i - lead < bytes ? PatternByte(pe, i - lead) : uint8_t{0};
+}
+
+inline size_t FirstWrongTargetByte(const std::vector<uint8_t>& got, size_t lead, size_t bytes, int pe) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != ExpectedTargetByte(i, lead, bytes, pe)) return i;
+  }
+  return SIZE_MAX;
+}
+
+// For put_bw's table title: where in their allocations the source and target start, when not at 0.
+inline std::string OffsetsNote(const Options& o) {
+  if (o.srcOffset == 0 && o.dstOffset == 0) return "";
+  return ", source / target " + std::to_string(o.srcOffset) + " / " + std::to_string(o.dstOffset) +
+         " bytes into their allocations";
+}
+
+// How many bytes after put_bw's message its check reads back (they must still be zero).
+constexpr size_t kTargetTail = 4096;
 
 inline std::string HumanSize(size_t bytes) {
   char buf[32];
