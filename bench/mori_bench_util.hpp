@@ -54,9 +54,13 @@ class StreamTimer {
 };
 
 // `bytes` of the symmetric heap (zeroed when asked); a heap too small is an error naming its size and `hint`.
+// `alignment` 0 takes ShmemMalloc's own.
 template <typename T>
-T* SymmetricAlloc(size_t bytes, bool zero, const char* hint = "") {
-  void* p = zero ? shmem::ShmemCalloc(1, bytes) : shmem::ShmemMalloc(bytes);
+T* SymmetricAlloc(size_t bytes, bool zero, const char* hint = "", size_t alignment = 0) {
+  void* p = alignment != 0 ? shmem::ShmemMallocAlign(alignment, bytes)
+            : zero         ? shmem::ShmemCalloc(1, bytes)
+                           : shmem::ShmemMalloc(bytes);
+  if (p != nullptr && alignment != 0 && zero) MORI_CHECK_GPU(core::GpuMemset(p, 0, bytes));
   MORI_CHECK(p != nullptr, core::ErrorCode::InvalidUsage,
              "the symmetric heap (%zu bytes) cannot hold %zu more bytes: raise MORI_SHMEM_HEAP_SIZE%s",
              shmem::ShmemHeapBytes(), bytes, hint);

@@ -153,8 +153,8 @@ class Bench {
   }
 
   template <typename T>
-  T* Alloc(size_t bytes, bool zero) {
-    void* p = nvshmem_malloc(bytes);
+  T* Alloc(size_t bytes, bool zero, size_t alignment = 0) {
+    void* p = alignment != 0 ? nvshmem_align(alignment, bytes) : nvshmem_malloc(bytes);
     if (p == nullptr) {
       Fail("nvshmem_malloc(" + std::to_string(bytes) +
            ") failed: raise NVSHMEM_SYMMETRIC_SIZE (put_bw needs 2 x --max and a little)");
@@ -192,8 +192,8 @@ class Bench {
     const char* name = bench::PutBwBenchName(warpScope);
     const size_t max = opts_.maxBytes;
     // The target is zeroed once and checked with what lies around the message (the offset, a tail after it).
-    uint8_t* srcBase = Alloc<uint8_t>(opts_.srcOffset + max, false);
-    uint8_t* dstBase = Alloc<uint8_t>(opts_.dstOffset + max + bench::kTargetTail, true);
+    uint8_t* srcBase = Alloc<uint8_t>(opts_.srcOffset + max, false, opts_.align);
+    uint8_t* dstBase = Alloc<uint8_t>(opts_.dstOffset + max + bench::kTargetTail, true, opts_.align);
     uint8_t* src = srcBase + opts_.srcOffset;
     uint8_t* dst = dstBase + opts_.dstOffset;
     const std::vector<uint8_t> pattern = bench::Pattern(0, max);
@@ -219,11 +219,12 @@ class Bench {
       }
     }
     if (me_ == 0) {
-      report_.PrintPutBwTable(
-          opts_, name,
-          std::string(warpScope ? "warp" : "block") + " scope, " + std::to_string(opts_.threads) +
-              " threads per block, to PE 1 " + (nvshmem_ptr(dst, 1) != nullptr ? "over P2P" : "not load/store mapped") +
-              ", the fastest of " + std::to_string(reps) + " timed runs" + bench::OffsetsNote(opts_));
+      report_.PrintPutBwTable(opts_, name,
+                              std::string(warpScope ? "warp" : "block") + " scope, " + std::to_string(opts_.threads) +
+                                  " threads per block, to PE 1 " +
+                                  (nvshmem_ptr(dst, 1) != nullptr ? "over P2P" : "not load/store mapped") +
+                                  ", the fastest of " + std::to_string(reps) + " timed runs" +
+                                  bench::OffsetsNote(opts_) + "; " + bench::PlacementNote(src, dst));
     }
     Barrier();
     nvshmem_free(dstBase);
@@ -273,7 +274,9 @@ class Bench {
       const int warmup = bench::WarmupIters(opts_, iters);
       for (int scope : {bench::kScopeThread, bench::kScopeWarp, bench::kScopeBlock}) {
         MORI_BENCH_CUDA(cudaMemsetAsync(buf, 0, size, stream_));
-        const unsigned threads = scope == bench::kScopeBlock ? opts_.signalThreads : scope == bench::kScopeWarp ? 32 : 1;
+        const unsigned threads = scope == bench::kScopeBlock  ? opts_.signalThreads
+                                 : scope == bench::kScopeWarp ? 32
+                                                              : 1;
         auto launch = [&](uint64_t base, int n) {
           SignalPingPongKernel<<<1, threads, 0, stream_>>>(scope, buf, src, size, sig, base, n, me_);
         };

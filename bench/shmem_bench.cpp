@@ -117,8 +117,8 @@ class Bench {
 
  private:
   template <typename T>
-  T* Alloc(size_t bytes, bool zero) {
-    return bench::SymmetricAlloc<T>(bytes, zero, " (put_bw needs 2 x --max)");
+  T* Alloc(size_t bytes, bool zero, size_t alignment = 0) {
+    return bench::SymmetricAlloc<T>(bytes, zero, " (put_bw needs 2 x --max)", alignment);
   }
 
   // put_bw's target, read from its allocation's start: zeros for the offset, PE 0's pattern for `bytes`, zeros
@@ -151,8 +151,8 @@ class Bench {
     const char* name = bench::PutBwBenchName(warpScope);
     const size_t max = opts_.maxBytes;
     // The target is zeroed once and checked with what lies around the message (the offset, a tail after it).
-    uint8_t* srcBase = Alloc<uint8_t>(opts_.srcOffset + max, false);
-    uint8_t* dstBase = Alloc<uint8_t>(opts_.dstOffset + max + bench::kTargetTail, true);
+    uint8_t* srcBase = Alloc<uint8_t>(opts_.srcOffset + max, false, opts_.align);
+    uint8_t* dstBase = Alloc<uint8_t>(opts_.dstOffset + max + bench::kTargetTail, true, opts_.align);
     uint8_t* src = srcBase + opts_.srcOffset;
     uint8_t* dst = dstBase + opts_.dstOffset;
     const std::vector<uint8_t> pattern = bench::Pattern(0, max);
@@ -183,7 +183,7 @@ class Bench {
                               std::string(warpScope ? "warp" : "block") + " scope, " + std::to_string(opts_.threads) +
                                   " threads per block, to PE 1 over " + TransportTypeName(ShmemTransportType(1)) +
                                   ", the fastest of " + std::to_string(reps) + " timed runs" +
-                                  bench::OffsetsNote(opts_));
+                                  bench::OffsetsNote(opts_) + "; " + bench::PlacementNote(src, dst));
     }
     timer_.Barrier();
     ShmemFree(dstBase);

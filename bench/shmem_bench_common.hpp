@@ -36,13 +36,14 @@ struct Options {
   int reps = 0;                // timed runs of every put_bw measurement, the best reported; 0: PutBwReps's default
   size_t srcOffset = 0;        // put_bw: bytes between the source allocation's start and the source
   size_t dstOffset = 0;        // put_bw: the same for the target
+  size_t align = 0;            // put_bw: the alignment of both allocations; 0: the library's own
   std::string csv;
 };
 
 inline const char* Usage() {
   return "usage: mpirun -np 2 PROGRAM [put_bw|put_bw_warp|p_latency|signal_latency|all] [--min SIZE] [--max SIZE]\n"
          "           [--blocks N,N,...] [--threads N] [--signal-threads N] [--iters N] [--warmup N] [--reps N]\n"
-         "           [--src-offset SIZE] [--dst-offset SIZE] [--csv FILE]\n"
+         "           [--src-offset SIZE] [--dst-offset SIZE] [--align SIZE] [--csv FILE]\n"
          "  Defaults: --min 1k --max 256m --blocks 1,8,32,132 --threads 1024 --signal-threads 512\n"
          "  (HOST backend: --max 1m --blocks 1,2,4 --threads 4 --signal-threads 4).\n"
          "  SIZE takes k, m, g suffixes (powers of 1024). PE 0 initiates, PE 1 is the target.\n"
@@ -53,7 +54,9 @@ inline const char* Usage() {
          "  --iters: iterations of every measurement (default: by size, see shmem_bench_common.hpp).\n"
          "  --reps: timed runs of every put_bw measurement, the fastest reported (default 3; HOST backend 1).\n"
          "  --src-offset / --dst-offset: put_bw's source / target start that many bytes into their allocations\n"
-         "  (default 0), which grow by as much: the same message at other addresses and alignments.\n";
+         "  (default 0), which grow by as much: the same message at other addresses and alignments.\n"
+         "  --align: put_bw's allocations aligned to SIZE, a power of two (default: what the library's malloc "
+         "gives).\n";
 }
 
 [[noreturn]] inline void UsageError(const std::string& what) {
@@ -138,6 +141,9 @@ inline Options ParseOptions(int argc, char** argv, Machine m) {
       o.srcOffset = ParseSize(value());
     } else if (a == "--dst-offset") {
       o.dstOffset = ParseSize(value());
+    } else if (a == "--align") {
+      o.align = ParseSize(value());
+      if (o.align == 0 || (o.align & (o.align - 1)) != 0) UsageError("--align must be a power of two");
     } else if (a == "--csv") {
       o.csv = value();
     } else if (a == "-h" || a == "--help") {
@@ -262,9 +268,21 @@ inline size_t FirstWrongTargetByte(const std::vector<uint8_t>& got, size_t lead,
 
 // For put_bw's table title: where in their allocations the source and target start, when not at 0.
 inline std::string OffsetsNote(const Options& o) {
-  if (o.srcOffset == 0 && o.dstOffset == 0) return "";
-  return ", source / target " + std::to_string(o.srcOffset) + " / " + std::to_string(o.dstOffset) +
-         " bytes into their allocations";
+  std::string out;
+  if (o.align != 0) out += ", allocations aligned to " + std::to_string(o.align) + " bytes";
+  if (o.srcOffset != 0 || o.dstOffset != 0) {
+    out +=
+        ", source / target " + std::to_string(o.srcOffset) + " / " + std::to_string(o.dstOffset) + " bytes into them";
+  }
+  return out;
+}
+
+// Where put_bw's buffers lie, for its table: their addresses modulo 2 MiB (the GPU's large page), where the
+// offset inside a page decides how many pages a message spans.
+inline std::string PlacementNote(const void* src, const void* dst) {
+  constexpr uintptr_t kPage = uintptr_t(2) << 20;
+  return "source / target at " + std::to_string(reinterpret_cast<uintptr_t>(src) % kPage) + " / " +
+         std::to_string(reinterpret_cast<uintptr_t>(dst) % kPage) + " bytes into a 2 MiB page";
 }
 
 // How many bytes after put_bw's message its check reads back (they must still be zero).
