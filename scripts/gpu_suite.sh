@@ -9,7 +9,8 @@
 # daemon at the end. MPS=off keeps it off, MPS=on forces it. CTEST=0 skips the ctest phases and the
 # large-message examples (STEPS=<regex> keeps only the named steps of the rest). With BENCH=1,
 # SHMEM_BENCH_REPEAT=N (default 2) runs shmem_bench and nvshmem_bench N times each in alternating order and
-# compares each round and the best of all rounds (shmem_compare_best.txt).
+# compares each round and the best of all rounds (shmem_compare_best.txt); the GPU's clocks, power and
+# temperatures through the benchmarks are in gpu_telemetry.csv, every step's start and end in timeline.txt.
 # The build holds the absolute paths of the machine it was built on; symbolic links recreate them.
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -94,8 +95,10 @@ run() {  # log name, command... (only the names matching the regular expression 
   local start=$SECONDS
   local limit=$t
   [ "$(left)" -lt "$limit" ] && limit=$(left)
+  echo "$(date -u +%T.%N | cut -c1-12) start $(basename "$log" .log)" >> "$out/timeline.txt"
   timeout -k 10 "$limit" "$@" > "$log" 2>&1
   local r=$?
+  echo "$(date -u +%T.%N | cut -c1-12) end $(basename "$log" .log) exit $r" >> "$out/timeline.txt"
   echo "$(basename "$log" .log): exit $r, $((SECONDS - start)) s" | tee -a "$out/summary.txt"
   [ $r -eq 0 ] || rc=1
 }
@@ -125,9 +128,29 @@ nvshmem_build_start() {
 shmem_comparison() {
   if [ -f "$out/shmem_compare_best.txt" ]; then echo "$out/shmem_compare_best.txt"; else echo "$out/shmem_compare.txt"; fi
 }
+# The GPU's clocks, power, temperatures and clock-limit reasons every 250 ms while the benchmarks run
+# (gpu_telemetry.csv, beside the steps' start and end times in timeline.txt): some put_bw rows take one of two
+# rates run by run, and whether the GPU's state follows what ran before is what this records.
+telemetry_pid=
+telemetry_start() {
+  command -v nvidia-smi >/dev/null || return 0
+  local fields=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,temperature.memory reasons
+  for reasons in clocks_event_reasons.active clocks_throttle_reasons.active ""; do
+    nvidia-smi --query-gpu="$fields${reasons:+,$reasons}" --format=csv,noheader >/dev/null 2>&1 && break
+  done
+  nvidia-smi --query-gpu="$fields${reasons:+,$reasons}" --format=csv -lms 250 > "$out/gpu_telemetry.csv" 2>&1 &
+  telemetry_pid=$!
+}
+telemetry_stop() {
+  [ -n "$telemetry_pid" ] || return 0
+  kill "$telemetry_pid" 2>/dev/null
+  wait "$telemetry_pid" 2>/dev/null
+  telemetry_pid=
+}
 bench_shmem() {
   local args=${SHMEM_BENCH_ARGS:-}
   nvshmem_build_start
+  telemetry_start
   # Both programs, SHMEM_BENCH_REPEAT=N rounds (default 2), each compared on its own (how much a ratio of one
   # run moves between runs; round 1's files have no suffix), then all rounds together in
   # shmem_compare_best.txt: each row the best of its program's N runs. On an H200 some rows move by up to 20%
@@ -168,6 +191,7 @@ bench_shmem() {
   # The port channel's small-message time: two forked ranks put-with-signal to each other through their
   # proxies over CudaIpc, 1 and 4 KiB, time per round.
   run port_channel_small ./examples/channels/bidir_port_channel --transport CudaIpc --max-bytes 4k --iters 2000
+  telemetry_stop
   if command -v cuobjdump >/dev/null; then
     cuobjdump -res-usage ./bench/shmem_bench > "$out/sass_res_mori.txt" 2>&1
     cuobjdump -sass ./bench/shmem_bench > "$out/sass_mori.txt" 2>&1
