@@ -11,7 +11,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "check.cuh"
+#include "copy_check.cuh"
 
 __device__ __forceinline__ uint32_t Smem(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
@@ -109,16 +109,6 @@ __global__ void __launch_bounds__(1024, 1) LsuWrite(uint8_t* dst, const uint8_t*
   for (int it = 0; it < iters; ++it) {
     for (uint32_t i = threadIdx.x; i < count; i += n) d[i] = make_uint4(i, it, i, it);
   }
-}
-
-__global__ void Fill(uint32_t* p, size_t words, uint32_t salt) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = uint32_t(i * 2654435761u) ^ salt;
-}
-
-__global__ void Compare(const uint32_t* a, const uint32_t* b, size_t words, unsigned long long* bad) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x)
-    if (a[i] != b[i]) atomicAdd(bad, 1ull);
 }
 
 using Kernel = void (*)(uint8_t*, const uint8_t*, size_t, int);

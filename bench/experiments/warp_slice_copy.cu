@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "check.cuh"
+#include "copy_check.cuh"
 #include "mori/core/copy.hpp"
 
 using mori::core::Vec16;
@@ -75,18 +75,6 @@ __global__ void __launch_bounds__(1024) Copy(Vec16* dst, const Vec16* src, size_
   }
 }
 
-__global__ void Fill(uint32_t* p, size_t words, uint32_t salt) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {
-    p[i] = static_cast<uint32_t>(i * 2654435761u) ^ salt;
-  }
-}
-
-__global__ void Compare(const uint32_t* a, const uint32_t* b, size_t words, unsigned long long* bad) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < words; i += size_t(gridDim.x) * blockDim.x) {
-    if (a[i] != b[i]) atomicAdd(bad, 1ull);
-  }
-}
-
 template <int V>
 float Time(Vec16* dst, const Vec16* src, size_t size, int blocks, int iters, bool warpScope, cudaEvent_t e0,
            cudaEvent_t e1) {
@@ -139,10 +127,7 @@ int main(int argc, char** argv) {
           CHECK(cudaEventElapsedTime(&ms, e0, e1));
           std::printf(" %6.0f", static_cast<float>(size) * iters / (ms * 1e-3f) / 1e9f);
         }
-        CHECK(cudaMemset(bad, 0, sizeof(*bad)));
-        Compare<<<264, 256>>>(reinterpret_cast<uint32_t*>(src), reinterpret_cast<uint32_t*>(dst), size / 4, bad);
-        unsigned long long h = 0;
-        CHECK(cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost));
+        const unsigned long long h = Mismatches(src, dst, size, bad);
         if (h != 0) {
           std::printf("  MISMATCH: %llu words\n", h);
           return 1;
@@ -171,10 +156,7 @@ int main(int argc, char** argv) {
             case kCoopSync: ms = Time<kCoopSync>(dst, src, size, blocks, iters, warpScope, e0, e1); break;
             case kCoopLookup: ms = Time<kCoopLookup>(dst, src, size, blocks, iters, warpScope, e0, e1); break;
           }
-          CHECK(cudaMemset(bad, 0, sizeof(*bad)));
-          Compare<<<264, 256>>>(reinterpret_cast<uint32_t*>(src), reinterpret_cast<uint32_t*>(dst), size / 4, bad);
-          unsigned long long h = 0;
-          CHECK(cudaMemcpy(&h, bad, sizeof(h), cudaMemcpyDeviceToHost));
+          const unsigned long long h = Mismatches(src, dst, size, bad);
           if (h != 0) {
             std::printf("MISMATCH: %llu words, %s %zu %s\n", h, warpScope ? "warp" : "block", size, kNames[v]);
             return 1;
