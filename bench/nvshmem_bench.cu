@@ -156,8 +156,8 @@ class Bench {
   T* Alloc(size_t bytes, bool zero, size_t alignment = 0) {
     void* p = alignment != 0 ? nvshmem_align(alignment, bytes) : nvshmem_malloc(bytes);
     if (p == nullptr) {
-      Fail("nvshmem_malloc(" + std::to_string(bytes) +
-           ") failed: raise NVSHMEM_SYMMETRIC_SIZE (put_bw needs 2 x --max and a little)");
+      Fail(std::string(alignment != 0 ? "nvshmem_align(" + std::to_string(alignment) + ", " : "nvshmem_malloc(") +
+           std::to_string(bytes) + ") failed: raise NVSHMEM_SYMMETRIC_SIZE (put_bw needs 2 x --max and a little)");
     }
     if (zero) MORI_BENCH_CUDA(cudaMemset(p, 0, bytes));
     return static_cast<T*>(p);
@@ -166,16 +166,9 @@ class Bench {
   // put_bw's target, read from its allocation's start: zeros for the offset, PE 0's pattern for `bytes`, zeros
   // for bench::kTargetTail bytes after.
   void CheckTarget(const std::string& what, const uint8_t* base, size_t bytes) {
-    std::vector<uint8_t> got(opts_.dstOffset + bytes + bench::kTargetTail);
+    std::vector<uint8_t> got(bench::TargetCheckBytes(opts_, bytes));
     MORI_BENCH_CUDA(cudaMemcpy(got.data(), base, got.size(), cudaMemcpyDeviceToHost));
-    const size_t at = bench::FirstWrongTargetByte(got, opts_.dstOffset, bytes, 0);
-    if (at == SIZE_MAX) return;
-    std::fprintf(stderr,
-                 "nvshmem_bench: PE %d: %s: %zu-byte message from PE 0 at offset %zu: byte %zu of the allocation is "
-                 "%u, want %u\n",
-                 me_, what.c_str(), bytes, opts_.dstOffset, at, got[at],
-                 bench::ExpectedTargetByte(at, opts_.dstOffset, bytes, 0));
-    ++failures_;
+    if (!bench::TargetIsRight("nvshmem_bench", me_, what, got, opts_, bytes)) ++failures_;
   }
 
   void Check(const std::string& what, const uint8_t* p, size_t bytes, const std::vector<uint8_t>& expect, int pe) {

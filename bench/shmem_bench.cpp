@@ -124,16 +124,9 @@ class Bench {
   // put_bw's target, read from its allocation's start: zeros for the offset, PE 0's pattern for `bytes`, zeros
   // for bench::kTargetTail bytes after.
   void CheckTarget(const std::string& what, const uint8_t* base, size_t bytes) {
-    std::vector<uint8_t> got(opts_.dstOffset + bytes + bench::kTargetTail);
+    std::vector<uint8_t> got(bench::TargetCheckBytes(opts_, bytes));
     MORI_CHECK_GPU(core::GpuMemcpy(got.data(), base, got.size()));
-    const size_t at = bench::FirstWrongTargetByte(got, opts_.dstOffset, bytes, 0);
-    if (at == SIZE_MAX) return;
-    std::fprintf(stderr,
-                 "shmem_bench: PE %d: %s: %zu-byte message from PE 0 at offset %zu: byte %zu of the allocation is %u, "
-                 "want %u\n",
-                 me_, what.c_str(), bytes, opts_.dstOffset, at, got[at],
-                 bench::ExpectedTargetByte(at, opts_.dstOffset, bytes, 0));
-    ++failures_;
+    if (!bench::TargetIsRight("shmem_bench", me_, what, got, opts_, bytes)) ++failures_;
   }
 
   // Compares [0, bytes) of `p` with the pattern of `pe`.

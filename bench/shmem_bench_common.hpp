@@ -254,16 +254,30 @@ inline size_t FirstMismatch(const std::vector<uint8_t>& got, int pe) {
 }
 
 // put_bw's target as read back from its allocation's start: zeros for `lead` bytes (the --dst-offset), the
-// pattern of `pe` for `bytes`, zeros after. The index of the first byte that is not so, or SIZE_MAX.
+// pattern of `pe` for `bytes`, zeros after.
 inline uint8_t ExpectedTargetByte(size_t i, size_t lead, size_t bytes, int pe) {
   return i >= lead && i - lead < bytes ? PatternByte(pe, i - lead) : uint8_t{0};
 }
 
-inline size_t FirstWrongTargetByte(const std::vector<uint8_t>& got, size_t lead, size_t bytes, int pe) {
+// How many bytes after put_bw's message its check reads back (they must still be zero).
+constexpr size_t kTargetTail = 4096;
+
+// How many bytes of put_bw's target allocation its check reads back, from the allocation's start.
+inline size_t TargetCheckBytes(const Options& o, size_t bytes) { return o.dstOffset + bytes + kTargetTail; }
+
+// Whether `got` (TargetCheckBytes of the target allocation, read from its start) holds PE 0's `bytes`-byte
+// message at the --dst-offset and zeros around it; if not, `program` on PE `me` names the first wrong byte.
+inline bool TargetIsRight(const char* program, int me, const std::string& what, const std::vector<uint8_t>& got,
+                          const Options& o, size_t bytes) {
   for (size_t i = 0; i < got.size(); ++i) {
-    if (got[i] != ExpectedTargetByte(i, lead, bytes, pe)) return i;
+    const uint8_t want = ExpectedTargetByte(i, o.dstOffset, bytes, 0);
+    if (got[i] == want) continue;
+    std::fprintf(stderr,
+                 "%s: PE %d: %s: %zu-byte message from PE 0 at offset %zu: byte %zu of the allocation is %u, want %u\n",
+                 program, me, what.c_str(), bytes, o.dstOffset, i, got[i], want);
+    return false;
   }
-  return SIZE_MAX;
+  return true;
 }
 
 // For put_bw's table title: where in their allocations the source and target start, when not at 0.
@@ -284,9 +298,6 @@ inline std::string PlacementNote(const void* src, const void* dst) {
   return "source / target at " + std::to_string(reinterpret_cast<uintptr_t>(src) % kPage) + " / " +
          std::to_string(reinterpret_cast<uintptr_t>(dst) % kPage) + " bytes into a 2 MiB page";
 }
-
-// How many bytes after put_bw's message its check reads back (they must still be zero).
-constexpr size_t kTargetTail = 4096;
 
 inline std::string HumanSize(size_t bytes) {
   char buf[32];

@@ -127,11 +127,7 @@ void Run(const char* name, Kernel k, int threads, size_t smemBytes, uint8_t* d, 
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
   unsigned long long bad = 0;
-  if (check) {
-    CHECK(cudaMemset(gBad, 0, sizeof(*gBad)));
-    Compare<<<264, 256>>>(reinterpret_cast<const uint32_t*>(d), reinterpret_cast<const uint32_t*>(s), total / 4, gBad);
-    CHECK(cudaMemcpy(&bad, gBad, sizeof(bad), cudaMemcpyDeviceToHost));
-  }
+  if (check) bad = Mismatches(d, s, total, gBad);
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
   CHECK(cudaEventCreate(&b));
