@@ -93,13 +93,20 @@ run() {  # log name, command... (only the names matching the regular expression 
   local log="$out/$1.log"
   shift
   local start=$SECONDS
-  local limit=$t
-  [ "$(left)" -lt "$limit" ] && limit=$(left)
+  local limit=$t why=""
+  if [ "$(left)" -lt "$limit" ]; then
+    limit=$(left)
+    why=" (stopped by the suite's deadline, SUITE_DEADLINE_S=$SUITE_DEADLINE_S, with $limit s left for it)"
+  else
+    why=" (ran past STEP_TIMEOUT_S=$t)"
+  fi
   echo "$(date -u +%T.%N | cut -c1-12) start $(basename "$log" .log)" >> "$out/timeline.txt"
   timeout -k 10 "$limit" "$@" > "$log" 2>&1
   local r=$?
+  # Only a step that ran until its limit was stopped by it (a step may exit 124 by itself).
+  { [ $r -eq 124 ] || [ $r -eq 137 ]; } && [ $((SECONDS - start)) -ge $((limit - 1)) ] || why=""
   echo "$(date -u +%T.%N | cut -c1-12) end $(basename "$log" .log) exit $r" >> "$out/timeline.txt"
-  echo "$(basename "$log" .log): exit $r, $((SECONDS - start)) s" | tee -a "$out/summary.txt"
+  echo "$(basename "$log" .log): exit $r, $((SECONDS - start)) s$why" | tee -a "$out/summary.txt"
   [ $r -eq 0 ] || rc=1
 }
 report_failures() {
