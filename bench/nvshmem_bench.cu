@@ -195,17 +195,24 @@ class Bench {
     for (size_t size : bench::PutSizes(opts_)) {
       const int iters = bench::PutBwIters(opts_, kMachine, size);
       const int warmup = bench::WarmupIters(opts_, iters);
+      const std::vector<size_t> places = bench::PutPlaces(opts_, size);
       for (unsigned blocks : opts_.blocks) {
-        if (me_ == 1) MORI_BENCH_CUDA(cudaMemsetAsync(dst, 0, size, stream_));
+        if (me_ == 1) MORI_BENCH_CUDA(cudaMemsetAsync(dst, 0, bench::TargetSpan(opts_, size), stream_));
         Barrier();
         if (me_ == 0) {
-          auto launch = [&](int n) {
-            (warpScope ? PutBwWarpKernel : PutBwKernel)<<<blocks, opts_.threads, 0, stream_>>>(dst, src, size, n, 1);
-          };
-          if (warmup > 0) TimeMs([&] { launch(warmup); });
-          double ms = bench::FastestMs(reps, [&] { return TimeMs([&] { launch(iters); }); });
-          double gbps = static_cast<double>(size) * iters / (ms * 1e-3) / 1e9;
+          // At each place: a warm-up, then the fastest of the timed runs.
+          std::vector<double> each;
+          const double gbps = bench::MedianOverPlaces(places, [&](size_t place) {
+            auto launch = [&](int n) {
+              (warpScope ? PutBwWarpKernel : PutBwKernel)<<<blocks, opts_.threads, 0, stream_>>>(dst + place,
+                                                                                                 src + place, size, n, 1);
+            };
+            if (warmup > 0) TimeMs([&] { launch(warmup); });
+            double ms = bench::FastestMs(reps, [&] { return TimeMs([&] { launch(iters); }); });
+            return static_cast<double>(size) * iters / (ms * 1e-3) / 1e9;
+          }, &each);
           report_.Add(name, size, blocks, iters, gbps, "GBps");
+          bench::PrintPlaces(name, size, blocks, each);
         }
         Barrier();
         if (me_ == 1) CheckTarget(std::string(name) + " blocks=" + std::to_string(blocks), dstBase, size);
@@ -216,7 +223,7 @@ class Bench {
                               std::string(warpScope ? "warp" : "block") + " scope, " + std::to_string(opts_.threads) +
                                   " threads per block, to PE 1 " +
                                   (nvshmem_ptr(dst, 1) != nullptr ? "over P2P" : "not load/store mapped") +
-                                  ", the fastest of " + std::to_string(reps) + " timed runs" +
+                                  ", " + bench::RunsNote(opts_, reps) +
                                   bench::OffsetsNote(opts_) + "; " + bench::PlacementNote(src, dst));
     }
     Barrier();

@@ -154,18 +154,24 @@ class Bench {
     for (size_t size : bench::PutSizes(opts_)) {
       const int iters = bench::PutBwIters(opts_, kMachine, size);
       const int warmup = bench::WarmupIters(opts_, iters);
+      const std::vector<size_t> places = bench::PutPlaces(opts_, size);
       for (unsigned blocks : opts_.blocks) {
-        if (me_ == 1) MORI_CHECK_GPU(core::GpuMemsetAsync(dst, 0, size, timer_.Stream()));
+        if (me_ == 1) MORI_CHECK_GPU(core::GpuMemsetAsync(dst, 0, bench::TargetSpan(opts_, size), timer_.Stream()));
         timer_.Barrier();
         if (me_ == 0) {
-          auto launch = [&](int n) {
-            core::LaunchKernel(warpScope ? PutBwWarpKernel : PutBwKernel, Dim3(blocks), Dim3(opts_.threads), 0,
-                               timer_.Stream(), dst, static_cast<const uint8_t*>(src), size, n, 1);
-          };
-          if (warmup > 0) timer_.TimeMs([&] { launch(warmup); });
-          double ms = bench::FastestMs(reps, [&] { return timer_.TimeMs([&] { launch(iters); }); });
-          double gbps = static_cast<double>(size) * iters / (ms * 1e-3) / 1e9;
+          // At each place: a warm-up, then the fastest of the timed runs.
+          std::vector<double> each;
+          const double gbps = bench::MedianOverPlaces(places, [&](size_t place) {
+            auto launch = [&](int n) {
+              core::LaunchKernel(warpScope ? PutBwWarpKernel : PutBwKernel, Dim3(blocks), Dim3(opts_.threads), 0,
+                                 timer_.Stream(), dst + place, static_cast<const uint8_t*>(src + place), size, n, 1);
+            };
+            if (warmup > 0) timer_.TimeMs([&] { launch(warmup); });
+            double ms = bench::FastestMs(reps, [&] { return timer_.TimeMs([&] { launch(iters); }); });
+            return static_cast<double>(size) * iters / (ms * 1e-3) / 1e9;
+          }, &each);
           report_.Add(name, size, blocks, iters, gbps, "GBps");
+          bench::PrintPlaces(name, size, blocks, each);
         }
         timer_.Barrier();
         if (me_ == 1) CheckTarget(std::string(name) + " blocks=" + std::to_string(blocks), dstBase, size);
@@ -175,7 +181,7 @@ class Bench {
       report_.PrintPutBwTable(opts_, name,
                               std::string(warpScope ? "warp" : "block") + " scope, " + std::to_string(opts_.threads) +
                                   " threads per block, to PE 1 over " + TransportTypeName(ShmemTransportType(1)) +
-                                  ", the fastest of " + std::to_string(reps) + " timed runs" +
+                                  ", " + bench::RunsNote(opts_, reps) +
                                   bench::OffsetsNote(opts_) + "; " + bench::PlacementNote(src, dst));
     }
     timer_.Barrier();

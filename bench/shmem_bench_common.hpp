@@ -37,13 +37,14 @@ struct Options {
   size_t srcOffset = 0;        // put_bw: bytes between the source allocation's start and the source
   size_t dstOffset = 0;        // put_bw: the same for the target
   size_t align = 0;            // put_bw: the alignment of both allocations; 0: the library's own
+  int places = 1;              // put_bw: places in the allocations each measurement is taken at (PutPlaces)
   std::string csv;
 };
 
 inline const char* Usage() {
   return "usage: mpirun -np 2 PROGRAM [put_bw|put_bw_warp|p_latency|signal_latency|all] [--min SIZE] [--max SIZE]\n"
          "           [--blocks N,N,...] [--threads N] [--signal-threads N] [--iters N] [--warmup N] [--reps N]\n"
-         "           [--src-offset SIZE] [--dst-offset SIZE] [--align SIZE] [--csv FILE]\n"
+         "           [--src-offset SIZE] [--dst-offset SIZE] [--align SIZE] [--places N] [--csv FILE]\n"
          "  Defaults: --min 1k --max 256m --blocks 1,8,32,132 --threads 1024 --signal-threads 512\n"
          "  (HOST backend: --max 1m --blocks 1,2,4 --threads 4 --signal-threads 4).\n"
          "  SIZE takes k, m, g suffixes (powers of 1024). PE 0 initiates, PE 1 is the target.\n"
@@ -56,7 +57,10 @@ inline const char* Usage() {
          "  --src-offset / --dst-offset: put_bw's source / target start that many bytes into their allocations\n"
          "  (default 0), which grow by as much: the same message at other addresses and alignments.\n"
          "  --align: put_bw's allocations aligned to SIZE, a power of two (default: what the library's malloc "
-         "gives).\n";
+         "gives).\n"
+         "  --places: put_bw measures each message at up to N places in its allocations, the message's size\n"
+         "  rounded up to 2 MiB apart (as many as fit in --max), and reports the median (default 1): the rate of\n"
+         "  a copy depends on which physical pages its target lies on, which no program chooses.\n";
 }
 
 [[noreturn]] inline void UsageError(const std::string& what) {
@@ -144,6 +148,8 @@ inline Options ParseOptions(int argc, char** argv, Machine m) {
     } else if (a == "--align") {
       o.align = ParseSize(value());
       if (o.align == 0 || (o.align & (o.align - 1)) != 0) UsageError("--align must be a power of two");
+    } else if (a == "--places") {
+      o.places = static_cast<int>(ParsePositive(value(), "--places"));
     } else if (a == "--csv") {
       o.csv = value();
     } else if (a == "-h" || a == "--help") {
@@ -177,6 +183,37 @@ inline std::vector<size_t> PutSizes(const Options& o) {
   std::vector<size_t> out;
   for (size_t s = o.minBytes; s <= o.maxBytes; s *= 2) out.push_back(s);
   return out;
+}
+
+// Where put_bw puts a `size`-byte message, as offsets from the source and the target (both move): up to
+// --places of them, PlaceStride apart, as many as fit in --max bytes. On an H200 the rate of put_bw_warp's copy
+// at 1-2 MiB is set by which physical 2 MiB page the target lies on, from 1,640 to 1,900 GB/s between pages of
+// one allocation and the same on each page launch after launch; the source's page does not matter
+// (bench/experiments/sm_placement.cu `pages`, docs/PERF.md 2026-12-03 ninth session). Which pages a program's
+// buffers get depends on what was allocated on the GPU before it, so one place per run made the two programs'
+// ratio at 1-2 MiB a draw; the median over several places measures the copy instead.
+constexpr size_t kLargePage = size_t(2) << 20;
+
+inline size_t PlaceStride(size_t size) { return (size + kLargePage - 1) / kLargePage * kLargePage; }
+
+inline std::vector<size_t> PutPlaces(const Options& o, size_t size) {
+  std::vector<size_t> out{0};
+  const size_t stride = PlaceStride(size);
+  while (static_cast<int>(out.size()) < o.places && out.back() + stride + size <= o.maxBytes) {
+    out.push_back(out.back() + stride);
+  }
+  return out;
+}
+
+// The median of one rate per place: `rateAt(place)` measures at one; `each`, when given, gets them in order.
+template <typename RateAt>
+double MedianOverPlaces(const std::vector<size_t>& places, RateAt&& rateAt, std::vector<double>* each = nullptr) {
+  std::vector<double> rates;
+  for (size_t p : places) rates.push_back(rateAt(p));
+  if (each != nullptr) *each = rates;
+  std::sort(rates.begin(), rates.end());
+  const size_t n = rates.size();
+  return n % 2 == 1 ? rates[n / 2] : (rates[n / 2 - 1] + rates[n / 2]) / 2;
 }
 
 // The put-with-signal message sizes of the issue.
@@ -253,31 +290,59 @@ inline size_t FirstMismatch(const std::vector<uint8_t>& got, int pe) {
   return SIZE_MAX;
 }
 
-// put_bw's target as read back from its allocation's start: zeros for `lead` bytes (the --dst-offset), the
-// pattern of `pe` for `bytes`, zeros after.
-inline uint8_t ExpectedTargetByte(size_t i, size_t lead, size_t bytes, int pe) {
-  return i >= lead && i - lead < bytes ? PatternByte(pe, i - lead) : uint8_t{0};
+// put_bw's target as read back from its allocation's start: zeros for `lead` bytes (the --dst-offset), then at
+// each of `count` places `stride` apart `bytes` bytes of the source (the pattern of `pe`, from the same place in
+// the source as in the target), zeros between and after.
+inline uint8_t ExpectedTargetByte(size_t i, size_t lead, size_t bytes, int pe, size_t stride = 0, size_t count = 1) {
+  if (i < lead) return 0;
+  const size_t at = i - lead;
+  const size_t place = stride == 0 ? 0 : at / stride;
+  const size_t into = at - place * stride;
+  return place < count && into < bytes ? PatternByte(pe, at) : uint8_t{0};
 }
 
 // How many bytes after put_bw's message its check reads back (they must still be zero).
 constexpr size_t kTargetTail = 4096;
 
+// The bytes from put_bw's target to the end of its last place's message: what a measurement may write, and
+// what the target is cleared over before one.
+inline size_t TargetSpan(const Options& o, size_t bytes) { return PutPlaces(o, bytes).back() + bytes; }
+
 // How many bytes of put_bw's target allocation its check reads back, from the allocation's start.
-inline size_t TargetCheckBytes(const Options& o, size_t bytes) { return o.dstOffset + bytes + kTargetTail; }
+inline size_t TargetCheckBytes(const Options& o, size_t bytes) { return o.dstOffset + TargetSpan(o, bytes) + kTargetTail; }
 
 // Whether `got` (TargetCheckBytes of the target allocation, read from its start) holds PE 0's `bytes`-byte
-// message at the --dst-offset and zeros around it; if not, `program` on PE `me` names the first wrong byte.
+// message at the --dst-offset, once at each of its places, and zeros around them; if not, `program` on PE `me`
+// names the first wrong byte.
 inline bool TargetIsRight(const char* program, int me, const std::string& what, const std::vector<uint8_t>& got,
                           const Options& o, size_t bytes) {
+  const size_t count = PutPlaces(o, bytes).size();
   for (size_t i = 0; i < got.size(); ++i) {
-    const uint8_t want = ExpectedTargetByte(i, o.dstOffset, bytes, 0);
+    const uint8_t want = ExpectedTargetByte(i, o.dstOffset, bytes, 0, PlaceStride(bytes), count);
     if (got[i] == want) continue;
     std::fprintf(stderr,
-                 "%s: PE %d: %s: %zu-byte message from PE 0 at offset %zu: byte %zu of the allocation is %u, want %u\n",
-                 program, me, what.c_str(), bytes, o.dstOffset, i, got[i], want);
+                 "%s: PE %d: %s: %zu-byte message from PE 0 at offset %zu (%zu places %zu bytes apart): byte %zu of "
+                 "the allocation is %u, want %u\n",
+                 program, me, what.c_str(), bytes, o.dstOffset, count, PlaceStride(bytes), i, got[i], want);
     return false;
   }
   return true;
+}
+
+// For put_bw's table title: what each figure is.
+inline std::string RunsNote(const Options& o, int reps) {
+  const std::string runs = "the fastest of " + std::to_string(reps) + " timed runs";
+  if (o.places <= 1) return runs;
+  return "the median over up to " + std::to_string(o.places) +
+         " places of the message in its buffers, its size rounded up to 2 MiB apart, of " + runs + " at each";
+}
+
+// PE 0's line of one put_bw measurement's rates at its places, when there are several.
+inline void PrintPlaces(const char* bench, size_t size, unsigned blocks, const std::vector<double>& rates) {
+  if (rates.size() <= 1) return;
+  std::printf("%s size=%zu blocks=%u GBps at each place:", bench, size, blocks);
+  for (double r : rates) std::printf(" %.1f", r);
+  std::printf("\n");
 }
 
 // For put_bw's table title: where in their allocations the source and target start, when not at 0.
