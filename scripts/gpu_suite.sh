@@ -154,6 +154,9 @@ telemetry_stop() {
   wait "$telemetry_pid" 2>/dev/null
   telemetry_pid=
 }
+# SHMEM_BENCH_ARGS go to both programs. `--places 4` measures put_bw at four places in its buffers (a copy's rate
+# depends on its target's physical page, docs/PERF.md 2026-12-03 ninth session); it takes each run 2-3 times as
+# long (about 90 s more in the whole job with --max 64m --blocks 1,8,32), so it is not the default.
 bench_shmem() {
   local args=${SHMEM_BENCH_ARGS:-}
   nvshmem_build_start
