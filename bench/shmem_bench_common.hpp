@@ -293,10 +293,10 @@ inline size_t FirstMismatch(const std::vector<uint8_t>& got, int pe) {
 // put_bw's target as read back from its allocation's start: zeros for `lead` bytes (the --dst-offset), then at
 // each of `count` places `stride` apart `bytes` bytes of the source (the pattern of `pe`, from the same place in
 // the source as in the target), zeros between and after.
-inline uint8_t ExpectedTargetByte(size_t i, size_t lead, size_t bytes, int pe, size_t stride = 0, size_t count = 1) {
+inline uint8_t ExpectedTargetByte(size_t i, size_t lead, size_t bytes, int pe, size_t stride, size_t count) {
   if (i < lead) return 0;
   const size_t at = i - lead;
-  const size_t place = stride == 0 ? 0 : at / stride;
+  const size_t place = at / stride;
   const size_t into = at - place * stride;
   return place < count && into < bytes ? PatternByte(pe, at) : uint8_t{0};
 }
@@ -317,13 +317,14 @@ inline size_t TargetCheckBytes(const Options& o, size_t bytes) { return o.dstOff
 inline bool TargetIsRight(const char* program, int me, const std::string& what, const std::vector<uint8_t>& got,
                           const Options& o, size_t bytes) {
   const size_t count = PutPlaces(o, bytes).size();
+  const size_t stride = PlaceStride(bytes);
   for (size_t i = 0; i < got.size(); ++i) {
-    const uint8_t want = ExpectedTargetByte(i, o.dstOffset, bytes, 0, PlaceStride(bytes), count);
+    const uint8_t want = ExpectedTargetByte(i, o.dstOffset, bytes, 0, stride, count);
     if (got[i] == want) continue;
     std::fprintf(stderr,
                  "%s: PE %d: %s: %zu-byte message from PE 0 at offset %zu (%zu places %zu bytes apart): byte %zu of "
                  "the allocation is %u, want %u\n",
-                 program, me, what.c_str(), bytes, o.dstOffset, count, PlaceStride(bytes), i, got[i], want);
+                 program, me, what.c_str(), bytes, o.dstOffset, count, stride, i, got[i], want);
     return false;
   }
   return true;
@@ -359,9 +360,8 @@ inline std::string OffsetsNote(const Options& o) {
 // Where put_bw's buffers lie, for its table: their addresses modulo 2 MiB (the GPU's large page), where the
 // offset inside a page decides how many pages a message spans.
 inline std::string PlacementNote(const void* src, const void* dst) {
-  constexpr uintptr_t kPage = uintptr_t(2) << 20;
-  return "source / target at " + std::to_string(reinterpret_cast<uintptr_t>(src) % kPage) + " / " +
-         std::to_string(reinterpret_cast<uintptr_t>(dst) % kPage) + " bytes into a 2 MiB page";
+  return "source / target at " + std::to_string(reinterpret_cast<uintptr_t>(src) % kLargePage) + " / " +
+         std::to_string(reinterpret_cast<uintptr_t>(dst) % kLargePage) + " bytes into a 2 MiB page";
 }
 
 inline std::string HumanSize(size_t bytes) {
